@@ -1,0 +1,484 @@
+"""Activation: run creation, the process record, fork/exit hooks, probe installation.
+
+Called from the `starttrace.pth` line at interpreter start when STARTTRACE / VLLM_STARTTRACE is
+set. Standard library only, and only modules that are already loaded at that point (plus a few
+builtins), so that the traced program's own import record starts complete.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from time import monotonic_ns, time_ns
+
+from starttrace import recorder
+from starttrace.journal import FORMAT_VERSION, JournalWriter, encode, quote
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+SWITCH_VARS = ("STARTTRACE", "VLLM_STARTTRACE")
+ON_VALUES = frozenset({"1", "true", "on", "yes"})
+OFF_VALUES = frozenset({"", "0", "false", "off", "no"})
+
+ENV_RUN_ID = "STARTTRACE_RUN_ID"
+ENV_RUN_DIR = "STARTTRACE_RUN_DIR"
+ENV_TRACE_ID = "STARTTRACE_TRACE_ID"
+ENV_ROOT_SPAN = "STARTTRACE_ROOT_SPAN"
+ENV_PARENT_SPAN = "STARTTRACE_PARENT_SPAN"
+ENV_PARENT_PID = "STARTTRACE_PARENT_PID"
+ENV_START_METHOD = "STARTTRACE_START_METHOD"
+ENV_LAUNCH_NS = "STARTTRACE_LAUNCH_NS"
+ENV_SERVICE = "STARTTRACE_SERVICE_NAME"
+ENV_DIR = "STARTTRACE_DIR"
+ENV_MIN_IMPORT_US = "STARTTRACE_MIN_IMPORT_US"
+ENV_INTERNAL = "STARTTRACE_INTERNAL"  # set in starttrace's own helper processes: never traced
+
+
+class ProcessState:
+    """What this process knows about itself and its run (one instance, module-global)."""
+
+    run_id = ""
+    run_dir = ""
+    trace_id = ""
+    root_span = ""
+    is_root = False
+    method = "exec"
+    created = 0
+    activated = 0
+    ready = False
+    ended = False
+    in_launch = 0  # > 0 while a multiprocessing Process.start() runs in this process
+    fork_span = ""
+    fork_started = 0
+    bootstrap_span = ""
+    role = ""
+    instance_id = ""
+    parent_of_root: str | None = None
+
+
+state = ProcessState()
+
+
+def switch_value(environ: Any = None) -> tuple[str, str]:
+    """('on'|'off'|'invalid', raw value) from STARTTRACE, else VLLM_STARTTRACE."""
+    environ = os.environ if environ is None else environ
+    for name in SWITCH_VARS:
+        raw = environ.get(name)
+        if raw is not None and raw.strip():
+            value = raw.strip().lower()
+            if value in ON_VALUES:
+                return "on", raw
+            if value in OFF_VALUES:
+                return "off", raw
+            return "invalid", f"{name}={raw!r}"
+    return "off", ""
+
+
+def default_journal_root() -> str:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "starttrace", "runs")
+
+
+def activate() -> None:
+    """Entry point of the .pth line. Never raises."""
+    try:
+        verdict, raw = switch_value()
+        if verdict == "invalid":
+            os.write(
+                2,
+                f"starttrace: ignoring {raw}: use 1/true/on/yes or 0/false/off/no; tracing is off\n".encode(),
+            )
+            return
+        if verdict == "off" or os.environ.get(ENV_INTERNAL) == "1" or recorder.active():
+            return
+        _activate()
+    except Exception as exc:
+        recorder.report(f"tracing disabled: {type(exc).__name__}: {exc}", key="activate")
+        recorder.detach()
+
+
+def _activate() -> None:
+    now = monotonic_ns()
+    environ = os.environ
+    state.activated = now
+    inherited_run = environ.get(ENV_RUN_ID)
+    run_dir = environ.get(ENV_RUN_DIR)
+    if inherited_run and run_dir:
+        state.run_id = inherited_run
+        state.run_dir = run_dir
+        state.trace_id = environ.get(ENV_TRACE_ID, "")
+        state.root_span = environ.get(ENV_ROOT_SPAN, "")
+        state.is_root = False
+    else:
+        _create_run(now)
+    ppid = os.getppid()
+    parent_span = None
+    launch_pid = None
+    method = "root" if state.is_root else "exec"
+    created = process_creation_ns(now)
+    if not state.is_root and environ.get(ENV_PARENT_PID) == str(ppid):
+        parent_span = environ.get(ENV_PARENT_SPAN) or None
+        method = environ.get(ENV_START_METHOD) or "exec"
+        launch_pid = ppid
+        launched = environ.get(ENV_LAUNCH_NS, "")
+        if launched.isdigit():
+            created = max(created, int(launched))
+    if state.is_root:
+        parent_span = state.root_span
+    state.method = method
+    state.created = created
+    # Load every module starttrace needs before the process record lists what was preloaded,
+    # so that none of starttrace's own imports shows up as the traced program's.
+    import atexit  # noqa: F401
+
+    from starttrace.probes import load_all
+
+    probes = load_all()
+    _open_journal(parent_span, launch_pid, created, now)
+    if state.is_root:
+        _export_run_environment()
+    _install_process_hooks()
+    _install_probes(probes)
+
+
+def _create_run(now: int) -> None:
+    environ = os.environ
+    trace_id, parent_span = parse_traceparent(environ.get("TRACEPARENT") or environ.get("traceparent") or "")
+    state.is_root = True
+    state.trace_id = trace_id or os.urandom(16).hex()
+    state.root_span = recorder.new_span_id()
+    import time as _time  # a builtin module: importing it loads nothing new
+
+    stamp = _time.strftime("%Y%m%d-%H%M%S", _time.gmtime())
+    state.run_id = f"{stamp}-{os.urandom(3).hex()}"
+    root = environ.get(ENV_DIR) or default_journal_root()
+    state.run_dir = os.path.join(os.path.abspath(root), state.run_id)
+    os.makedirs(state.run_dir, exist_ok=True)
+    meta = {
+        "v": FORMAT_VERSION,
+        "run_id": state.run_id,
+        "trace_id": state.trace_id,
+        "root_span_id": state.root_span,
+        "parent_span_id": parent_span,
+        "argv": list(getattr(sys, "orig_argv", sys.argv)),
+        "cwd": os.getcwd(),
+        "host": os.uname().nodename,
+        "created_epoch_ns": time_ns(),
+        "service": service_name(),
+    }
+    with open(os.path.join(state.run_dir, "run.json"), "w", encoding="utf-8") as handle:
+        handle.write(encode(meta) + "\n")
+    state.parent_of_root = parent_span
+    os.write(2, f"starttrace: tracing run {state.run_id} -> {state.run_dir}\n".encode("utf-8", "replace"))
+
+
+def _export_run_environment() -> None:
+    environ = os.environ
+    environ[ENV_RUN_ID] = state.run_id
+    environ[ENV_RUN_DIR] = state.run_dir
+    environ[ENV_TRACE_ID] = state.trace_id
+    environ[ENV_ROOT_SPAN] = state.root_span
+    environ.setdefault(ENV_SERVICE, service_name())
+    # vLLM reads and writes the lowercase W3C header: its own startup spans join this trace.
+    environ["traceparent"] = f"00-{state.trace_id}-{state.root_span}-01"
+
+
+def parse_traceparent(value: str) -> tuple[str, str | None]:
+    parts = value.strip().split("-")
+    if len(parts) < 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return "", None
+    trace_id, span_id = parts[1].lower(), parts[2].lower()
+    hexdigits = "0123456789abcdef"
+    if not all(c in hexdigits for c in trace_id + span_id) or int(trace_id, 16) == 0 or int(span_id, 16) == 0:
+        return "", None
+    return trace_id, span_id
+
+
+def service_name() -> str:
+    environ = os.environ
+    name = environ.get(ENV_SERVICE) or environ.get("OTEL_SERVICE_NAME")
+    if name:
+        return name
+    argv = list(getattr(sys, "orig_argv", sys.argv))
+    if "-m" in argv[1:]:
+        index = argv.index("-m", 1)
+        if index + 1 < len(argv):
+            return argv[index + 1].split(".")[0]
+    if "-c" in argv[1:]:
+        return "python"
+    for arg in argv[1:]:
+        if not arg.startswith("-"):
+            return os.path.splitext(os.path.basename(arg))[0] or "python"
+    return os.path.basename(argv[0]) if argv else "python"
+
+
+def process_creation_ns(now: int) -> int:
+    """Monotonic time of this process's creation, from /proc (clock ticks since boot)."""
+    try:
+        with open("/proc/self/stat", "rb") as handle:
+            stat = handle.read()
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        start_ticks = int(fields[19])
+        ticks = os.sysconf("SC_CLK_TCK")
+        import time as _time
+
+        boot_now = _time.clock_gettime_ns(_time.CLOCK_BOOTTIME)
+        since_start = boot_now - start_ticks * 1_000_000_000 // ticks
+        return min(now, monotonic_ns() - since_start)
+    except Exception:
+        return now
+
+
+def _process_record(parent_span: str | None, launch_pid: int | None, created: int, now: int) -> str:
+    instance = state.instance_id
+    record = {
+        "k": "process",
+        "v": FORMAT_VERSION,
+        "run": state.run_id,
+        "trace": state.trace_id,
+        "iid": instance,
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "host": os.uname().nodename,
+        "argv": list(getattr(sys, "orig_argv", sys.argv)),
+        "exe": sys.executable,
+        "service": service_name(),
+        "method": state.method,
+        "created": created,
+        "activated": now,
+        "anchor_mono": monotonic_ns(),
+        "anchor_epoch": time_ns(),
+        "span": recorder.process_span_id,
+        "parent": parent_span,
+        "launch_pid": launch_pid,
+        "root_span": state.root_span,
+        "preloaded": sorted(sys.modules),
+        "python": sys.version.split()[0],
+    }
+    return encode(record) + "\n"
+
+
+def _open_journal(parent_span: str | None, launch_pid: int | None, created: int, now: int) -> None:
+    instance = os.urandom(4).hex()
+    state.instance_id = instance
+    try:
+        writer = JournalWriter(os.path.join(state.run_dir, f"{os.getpid()}-{instance}.jsonl"))
+    except OSError as exc:
+        recorder.report(
+            f"cannot write journal in {state.run_dir}: {exc}; tracing is off in this process", key="journal-open"
+        )
+        raise _Disabled() from None
+    process_span = recorder.new_span_id()
+    recorder.attach(writer, process_span)
+    recorder.process_attrs.clear()
+    recorder.write(_process_record(parent_span, launch_pid, created, now))
+    if state.is_root:
+        root_parent = state.parent_of_root
+        line = '{"k":"b","s":"%s","p":%s,"n":"startup","t":%d,"a":{"starttrace.phase":"startup"}}\n'
+        recorder.write(line % (state.root_span, quote(root_parent) if root_parent else "null", created))
+    recorder.begin(
+        "process",
+        {"starttrace.phase": "process"},
+        parent=parent_span or state.root_span,
+        t=created,
+        push=False,
+        span_id=process_span,
+    )
+    if state.method != "fork" and state.method != "forkserver":
+        recorder.end(
+            recorder.begin(
+                "python.init", {"starttrace.phase": "interpreter"}, parent=process_span, t=created, push=False
+            ),
+            t=now,
+        )
+    _initial_identity()
+    if state.method == "spawn" and _is_multiprocessing_child():
+        state.bootstrap_span = recorder.begin(
+            "process.bootstrap", {"starttrace.phase": "bootstrap"}, parent=process_span, t=now, push=False
+        )
+
+
+class _Disabled(Exception):
+    pass
+
+
+def _initial_identity() -> None:
+    environ = os.environ
+    attrs: dict[str, Any] = {"starttrace.start_method": state.method}
+    rank = environ.get("RANK", "")
+    if rank.isdigit():
+        attrs["starttrace.role"] = "worker"
+        attrs["starttrace.rank"] = int(rank)
+        for env_name, key in (("LOCAL_RANK", "starttrace.local_rank"), ("WORLD_SIZE", "starttrace.world_size")):
+            value = environ.get(env_name, "")
+            if value.isdigit():
+                attrs[key] = int(value)
+    elif state.is_root:
+        attrs["starttrace.role"] = "main"
+    recorder.set_process_attrs(attrs)
+
+
+def _is_multiprocessing_child() -> bool:
+    argv = getattr(sys, "orig_argv", sys.argv)
+    return any("multiprocessing" in arg for arg in argv[1:3]) or "--multiprocessing-fork" in argv
+
+
+def _install_process_hooks() -> None:
+    import atexit  # builtin module
+
+    atexit.register(_at_exit)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    if not getattr(os.fork, "__starttrace__", False):
+        os.fork = _make_fork_wrapper(os.fork)
+    if not getattr(os._exit, "__starttrace__", False):
+        os._exit = _make_exit_wrapper(os._exit)
+
+
+def _install_probes(probes: list[Any]) -> None:
+    from starttrace.probes import install_all
+
+    install_all(probes)
+
+
+def _end_process(exit_code: int | None) -> None:
+    if state.ended or not recorder.active():
+        return
+    state.ended = True
+    attrs: dict[str, Any] = {}
+    if exit_code is not None:
+        attrs["process.exit_code"] = exit_code
+    recorder.end(recorder.process_span_id, attrs or None)
+    if state.is_root and not state.ready:
+        recorder.end(state.root_span, {"starttrace.ended_by": "root_exit"})
+
+
+def _at_exit() -> None:
+    try:
+        _end_process(None)
+    except Exception:
+        pass
+
+
+def _make_exit_wrapper(real_exit: Any) -> Any:
+    def _exit(code: int) -> None:
+        try:
+            _end_process(code)
+        except Exception:
+            pass
+        real_exit(code)
+
+    _exit.__starttrace__ = True  # type: ignore[attr-defined]
+    _exit.__wrapped__ = real_exit  # type: ignore[attr-defined]
+    return _exit
+
+
+def _make_fork_wrapper(real_fork: Any) -> Any:
+    def fork() -> int:
+        if not recorder.active():
+            return real_fork()
+        attrs: dict[str, Any] = {"starttrace.phase": "fork"}
+        if _cuda_initialized():
+            attrs["starttrace.cuda_before_fork"] = True
+            recorder.set_process_attrs({"starttrace.cuda_before_fork": True})
+        state.fork_started = monotonic_ns()
+        state.fork_span = recorder.begin("process.fork", attrs, t=state.fork_started)
+        try:
+            pid = real_fork()
+        except BaseException as exc:
+            recorder.end(state.fork_span, error=f"{type(exc).__name__}: {exc}")
+            state.fork_span = ""
+            raise
+        if pid:
+            recorder.end(state.fork_span, {"starttrace.child_pid": pid})
+            state.fork_span = ""
+        return pid
+
+    fork.__starttrace__ = True  # type: ignore[attr-defined]
+    fork.__wrapped__ = real_fork  # type: ignore[attr-defined]
+    return fork
+
+
+def _cuda_initialized() -> bool:
+    torch_probe = sys.modules.get("starttrace.probes.torch")
+    if torch_probe is None:
+        return False
+    try:
+        return bool(torch_probe.cuda_initialized())
+    except Exception:
+        return False
+
+
+def _after_fork_in_child() -> None:
+    try:
+        if not recorder.active():
+            return
+        now = monotonic_ns()
+        parent_span = state.fork_span or recorder.current_span()
+        created = state.fork_started or now
+        forked_by_forkserver = state.role == "forkserver"
+        forked_for_process = forked_by_forkserver or state.in_launch > 0
+        recorder.forget_stacks_after_fork()
+        recorder.detach()
+        state.fork_span = ""
+        state.fork_started = 0
+        state.ready = False
+        state.ended = False
+        state.is_root = False
+        state.role = ""
+        state.in_launch = 0
+        state.bootstrap_span = ""
+        state.method = "forkserver" if forked_by_forkserver else "fork"
+        _open_journal(parent_span, None, created, now)
+        if forked_for_process:
+            state.bootstrap_span = recorder.begin(
+                "process.bootstrap",
+                {"starttrace.phase": "bootstrap"},
+                parent=recorder.process_span_id,
+                t=created,
+                push=False,
+            )
+    except Exception as exc:
+        recorder.report(f"fork child setup failed: {type(exc).__name__}: {exc}", key="fork-child")
+        recorder.detach()
+
+
+def end_bootstrap(attrs: dict[str, Any] | None = None) -> None:
+    """Called by the multiprocessing probe when the child's target starts."""
+    if state.bootstrap_span:
+        recorder.end(state.bootstrap_span, attrs)
+        state.bootstrap_span = ""
+
+
+def set_role(role: str) -> None:
+    state.role = role
+    recorder.set_process_attrs({"starttrace.role": role})
+
+
+def mark_process_ready(attrs: dict[str, Any] | None = None) -> None:
+    """This process has finished starting (a worker in its busy loop, a helper serving)."""
+    try:
+        if recorder.active():
+            ready_attrs: dict[str, Any] = {"starttrace.phase": "ready"}
+            if attrs:
+                ready_attrs.update(attrs)
+            recorder.instant("process.ready", ready_attrs, parent=recorder.process_span_id)
+    except Exception as exc:
+        recorder.report(f"mark_process_ready failed: {type(exc).__name__}: {exc}", key="process-ready")
+
+
+def mark_ready(attrs: dict[str, Any] | None = None) -> None:
+    """The server answers: record `ready`, end this process's span and the run's `startup` span."""
+    try:
+        if not recorder.active() or state.ready:
+            return
+        state.ready = True
+        ready_attrs: dict[str, Any] = {"starttrace.phase": "ready"}
+        if attrs:
+            ready_attrs.update(attrs)
+        recorder.instant("ready", ready_attrs, parent=recorder.process_span_id)
+        if state.root_span:
+            recorder.end(state.root_span, {"starttrace.ended_by": "ready"})
+    except Exception as exc:
+        recorder.report(f"mark_ready failed: {type(exc).__name__}: {exc}", key="ready")

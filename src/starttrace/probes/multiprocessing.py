@@ -1,0 +1,308 @@
+"""Process spans for multiprocessing (spawn, fork, forkserver) and subprocess.
+
+- `process.launch` in the parent around `Process.start()` and `subprocess.Popen(...)`, with the
+  child pid and start method; the child learns the launch span through its environment.
+- `forkserver.start` around `ForkServer.ensure_running` (with the preload list), and inside the
+  forkserver process `forkserver.preload` with one `preload <module>` span per module.
+- `process.bootstrap` in the child ends when the target starts (`BaseProcess.run`).
+The `os.fork` wrapper that records `process.fork` lives in boot.py (it covers every fork).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from time import monotonic_ns
+
+from starttrace import boot, recorder
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def install() -> None:
+    recorder.when_imported("multiprocessing.process", _patch_process)
+    recorder.when_imported("multiprocessing.forkserver", _patch_forkserver)
+    recorder.when_imported("multiprocessing.resource_tracker", _patch_resource_tracker)
+    recorder.when_imported("subprocess", _patch_subprocess)
+
+
+class launch_environment:
+    """Tell a child started by exec which span launched it (valid only in a direct child)."""
+
+    def __init__(self, span_id: str, method: str) -> None:
+        self.values = {
+            boot.ENV_PARENT_SPAN: span_id,
+            boot.ENV_PARENT_PID: str(os.getpid()),
+            boot.ENV_START_METHOD: method,
+            boot.ENV_LAUNCH_NS: str(monotonic_ns()),
+        }
+        self.saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> None:
+        for key, value in self.values.items():
+            self.saved[key] = os.environ.get(key)
+            os.environ[key] = value
+
+    def __exit__(self, *exc: object) -> None:
+        for key, value in self.saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _cuda_flag(attrs: dict[str, Any]) -> None:
+    if boot._cuda_initialized():
+        attrs["starttrace.cuda_before_fork"] = True
+        recorder.set_process_attrs({"starttrace.cuda_before_fork": True})
+
+
+def _patch_process(module: Any) -> None:
+    base = module.BaseProcess
+    if getattr(base.start, "__starttrace__", False):
+        return
+    original_start = base.start
+    original_bootstrap = base._bootstrap
+
+    def start(self: Any) -> None:
+        if not recorder.active():
+            return original_start(self)
+        method = getattr(self, "_start_method", None) or _default_method()
+        attrs: dict[str, Any] = {
+            "starttrace.phase": "launch",
+            "starttrace.process_name": str(getattr(self, "_name", "")),
+            "starttrace.start_method": method or "",
+        }
+        _cuda_flag(attrs)
+        span_id = recorder.begin("process.launch", attrs)
+        boot.state.in_launch += 1
+        try:
+            with launch_environment(span_id, "spawn"):
+                original_start(self)
+        except BaseException as exc:
+            recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            boot.state.in_launch -= 1
+        popen = getattr(self, "_popen", None)
+        end_attrs: dict[str, Any] = {"starttrace.child_pid": int(self.pid or 0)}
+        actual = getattr(popen, "method", None)
+        if actual:
+            end_attrs["starttrace.start_method"] = actual
+        recorder.end(span_id, end_attrs)
+
+    def _bootstrap(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if recorder.active():
+            try:
+                _enter_child(self)
+            except Exception as exc:
+                recorder.report(f"bootstrap probe failed: {type(exc).__name__}: {exc}", key="bootstrap")
+        return original_bootstrap(self, *args, **kwargs)
+
+    start.__starttrace__ = True  # type: ignore[attr-defined]
+    start.__wrapped__ = original_start  # type: ignore[attr-defined]
+    _bootstrap.__wrapped__ = original_bootstrap  # type: ignore[attr-defined]
+    base.start = start
+    base._bootstrap = _bootstrap
+
+
+def _default_method() -> str:
+    context = sys.modules.get("multiprocessing.context")
+    if context is None:
+        return ""
+    try:
+        return context._default_context.get_start_method(allow_none=True) or ""
+    except Exception:
+        return ""
+
+
+def _enter_child(process: Any) -> None:
+    name = str(getattr(process, "_name", ""))
+    attrs: dict[str, Any] = {"starttrace.process_name": name}
+    if not recorder.process_attrs.get("starttrace.role"):
+        attrs["starttrace.role"] = "helper"
+    recorder.set_process_attrs(attrs)
+    original_run = process.run
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        process.run = original_run  # one-shot: restore the bound method
+        boot.end_bootstrap({"starttrace.process_name": name})
+        return original_run(*args, **kwargs)
+
+    process.run = run
+
+
+def _patch_forkserver(module: Any) -> None:
+    server_class = getattr(module, "ForkServer", None)
+    if server_class is not None and not getattr(server_class.ensure_running, "__starttrace__", False):
+        original_ensure = server_class.ensure_running
+
+        def ensure_running(self: Any) -> None:
+            if not recorder.active() or getattr(self, "_forkserver_pid", None) is not None:
+                return original_ensure(self)
+            preload = [str(m) for m in (getattr(self, "_preload_modules", None) or [])]
+            attrs: dict[str, Any] = {"starttrace.phase": "forkserver", "starttrace.preload": preload}
+            _cuda_flag(attrs)
+            span_id = recorder.begin("forkserver.start", attrs)
+            try:
+                with launch_environment(span_id, "spawn"):
+                    original_ensure(self)
+            except BaseException as exc:
+                recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
+                raise
+            pid = getattr(self, "_forkserver_pid", None)
+            recorder.end(span_id, {"starttrace.child_pid": int(pid)} if pid else None)
+
+        ensure_running.__starttrace__ = True  # type: ignore[attr-defined]
+        server_class.ensure_running = ensure_running
+
+    original_main = getattr(module, "main", None)
+    if original_main is None or getattr(original_main, "__starttrace__", False):
+        return
+
+    def main(
+        listener_fd: int,
+        alive_r: int,
+        preload: Any,
+        main_path: Any = None,
+        sys_path: Any = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        if not recorder.active():
+            return original_main(listener_fd, alive_r, preload, main_path, sys_path, *args, **kwargs)
+        try:
+            boot.set_role("forkserver")
+            boot.end_bootstrap()
+            if sys_path is not None:
+                sys.path[:] = sys_path
+            if preload:
+                _preload(module, list(preload), main_path)
+                preload = None
+        except Exception as exc:
+            recorder.report(f"forkserver probe failed: {type(exc).__name__}: {exc}", key="forkserver-main")
+        return original_main(listener_fd, alive_r, preload, main_path, sys_path, *args, **kwargs)
+
+    main.__starttrace__ = True  # type: ignore[attr-defined]
+    main.__wrapped__ = original_main  # type: ignore[attr-defined]
+    module.main = main
+
+
+def _preload(forkserver: Any, modules: list[str], main_path: Any) -> None:
+    """The forkserver's preload, as multiprocessing does it, with a span per module."""
+    attrs: dict[str, Any] = {"starttrace.phase": "forkserver_preload", "starttrace.preload": modules}
+    outer = recorder.begin("forkserver.preload", attrs)
+    failed: list[str] = []
+    try:
+        if "__main__" in modules and main_path is not None:
+            process = forkserver.process
+            process.current_process()._inheriting = True
+            try:
+                with recorder.span(
+                    "preload __main__", {"starttrace.phase": "forkserver_preload", "code.file.path": str(main_path)}
+                ):
+                    forkserver.spawn.import_main_path(main_path)
+            finally:
+                del process.current_process()._inheriting
+        for name in modules:
+            span_id = recorder.begin(
+                f"preload {name}",
+                {
+                    "starttrace.phase": "forkserver_preload",
+                    "starttrace.import.module": name,
+                    "starttrace.preloaded": name in sys.modules,
+                },
+            )
+            try:
+                __import__(name)
+            except ImportError as exc:
+                failed.append(name)
+                recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
+                continue
+            except BaseException as exc:
+                recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
+                raise
+            recorder.end(span_id)
+    except BaseException as exc:
+        recorder.end(outer, {"starttrace.preload_failed": failed}, error=f"{type(exc).__name__}: {exc}")
+        raise
+    end_attrs: dict[str, Any] = {"starttrace.preload_failed": failed}
+    if boot._cuda_initialized():
+        end_attrs["starttrace.cuda_before_fork"] = True
+        recorder.set_process_attrs({"starttrace.cuda_before_fork": True})
+    recorder.end(outer, end_attrs)
+
+
+def _patch_resource_tracker(module: Any) -> None:
+    tracker_main = getattr(module, "main", None)
+    if tracker_main is None or getattr(tracker_main, "__starttrace__", False):
+        return
+
+    def main(*args: Any, **kwargs: Any) -> Any:
+        try:
+            boot.set_role("helper")
+            recorder.set_process_attrs({"starttrace.process_name": "resource_tracker"})
+            boot.end_bootstrap()
+            boot.mark_process_ready({"starttrace.reason": "resource tracker serving"})
+        except Exception as exc:
+            recorder.report(f"resource tracker probe failed: {exc}", key="resource-tracker")
+        return tracker_main(*args, **kwargs)
+
+    main.__starttrace__ = True  # type: ignore[attr-defined]
+    module.main = main
+
+
+def _patch_subprocess(module: Any) -> None:
+    popen = module.Popen
+    if getattr(popen.__init__, "__starttrace__", False):
+        return
+    original_init = popen.__init__
+
+    def __init__(self: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
+        if not recorder.active():
+            return original_init(self, args, *rest, **kwargs)
+        command = args if isinstance(args, (str, bytes)) else " ".join(str(a) for a in list(args)[:8])
+        if isinstance(command, bytes):
+            command = command.decode("utf-8", "replace")
+        attrs: dict[str, Any] = {
+            "starttrace.phase": "launch",
+            "starttrace.start_method": "exec",
+            "process.command": str(command)[:300],
+        }
+        span_id = recorder.begin("process.launch", attrs)
+        env = kwargs.get("env")
+        extra = {
+            boot.ENV_PARENT_SPAN: span_id,
+            boot.ENV_PARENT_PID: str(os.getpid()),
+            boot.ENV_START_METHOD: "exec",
+            boot.ENV_LAUNCH_NS: str(monotonic_ns()),
+        }
+        if len(rest) < 9:  # env was not passed positionally: give the child our variables
+            try:
+                kwargs["env"] = _child_environment(env, extra)
+            except Exception as exc:  # e.g. a bytes-keyed env: leave it as the caller made it
+                recorder.report(f"cannot pass the run to a subprocess env: {exc}", key="popen-env")
+        try:
+            original_init(self, args, *rest, **kwargs)
+        except BaseException as exc:
+            recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
+            raise
+        recorder.end(span_id, {"starttrace.child_pid": int(getattr(self, "pid", 0) or 0)})
+
+    __init__.__starttrace__ = True  # type: ignore[attr-defined]
+    __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
+    popen.__init__ = __init__
+
+
+def _child_environment(env: Any, extra: dict[str, str]) -> dict[str, str]:
+    if env is None:
+        merged = dict(os.environ)
+    else:
+        merged = {str(k): str(v) for k, v in env.items()}
+        for key, value in os.environ.items():
+            if key.startswith("STARTTRACE") or key in boot.SWITCH_VARS or key == "traceparent":
+                merged.setdefault(key, value)
+    merged.update(extra)
+    return merged

@@ -1,0 +1,421 @@
+"""Read a run's journals (docs/journal.md) into processes and resolved spans.
+
+Everything here runs outside traced processes (CLI, exporter, service), so it may use any module.
+Times are converted to epoch nanoseconds, parents are resolved across processes, and the
+`process` span of every lane ends where its startup ended (its own `ready`, its exit, or the
+run's `ready`), so every reader shows the same lanes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LAUNCH_SPANS = ("process.fork", "process.launch", "forkserver.start")
+READY_SPANS = ("ready", "process.ready")
+
+
+class ReaderError(Exception):
+    """A run cannot be read; the message says why."""
+
+
+class RunNotFound(ReaderError):
+    pass
+
+
+class EmptyRun(ReaderError):
+    pass
+
+
+@dataclass
+class Span:
+    span_id: str
+    parent_id: str | None
+    name: str
+    start_ns: int
+    end_ns: int | None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    thread: int | None = None
+    instant: bool = False
+
+    @property
+    def duration_ns(self) -> int | None:
+        return None if self.end_ns is None else self.end_ns - self.start_ns
+
+
+@dataclass
+class Process:
+    instance_id: str
+    pid: int
+    ppid: int
+    journal_path: Path
+    resource: dict[str, Any]
+    process_span_id: str
+    spans: list[Span]
+    exited: bool = False
+    exit_code: int | None = None
+    warnings: list[str] = field(default_factory=list)
+    preloaded: list[str] = field(default_factory=list)
+    created_ns: int = 0
+    activated_ns: int = 0
+    alive: bool | None = None  # None: cannot tell (another host)
+    record: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def role(self) -> str:
+        return str(self.resource.get("starttrace.role", ""))
+
+    @property
+    def rank(self) -> int | None:
+        rank = self.resource.get("starttrace.rank")
+        return rank if isinstance(rank, int) else None
+
+    @property
+    def process_span(self) -> Span | None:
+        for span in self.spans:
+            if span.span_id == self.process_span_id:
+                return span
+        return None
+
+    def label(self) -> str:
+        rank = "" if self.rank is None else f" {self.rank}"
+        return f"{self.role or 'process'}{rank} {self.pid}"
+
+
+@dataclass
+class Run:
+    run_id: str
+    trace_id: str
+    root_span_id: str
+    meta: dict[str, Any]
+    processes: list[Process]
+    problems: list[str]
+    root_spans: list[Span]
+    path: Path | None = None
+
+    @property
+    def startup(self) -> Span | None:
+        return self.root_spans[0] if self.root_spans else None
+
+    def all_spans(self) -> list[tuple[Process | None, Span]]:
+        spans: list[tuple[Process | None, Span]] = [(None, s) for s in self.root_spans]
+        for process in self.processes:
+            spans.extend((process, s) for s in process.spans)
+        return spans
+
+
+def default_root() -> Path:
+    configured = os.environ.get("STARTTRACE_DIR")
+    if configured:
+        return Path(configured)
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "starttrace" / "runs"
+
+
+def list_run_dirs(root: Path) -> list[Path]:
+    """Run folders under `root`, newest first."""
+    if not root.is_dir():
+        return []
+    runs = [p for p in root.iterdir() if p.is_dir() and ((p / "run.json").exists() or any(p.glob("*.jsonl")))]
+    return sorted(runs, key=lambda p: (p.name, p.stat().st_mtime), reverse=True)
+
+
+def find_run_dir(root: Path, run_id: str | None) -> Path:
+    """The folder of `run_id` (a unique prefix is enough), or the newest run when None."""
+    runs = list_run_dirs(root)
+    if run_id is None:
+        if not runs:
+            raise RunNotFound(f"no runs in {root}")
+        return runs[0]
+    candidate = Path(run_id)
+    if candidate.is_dir():
+        return candidate
+    exact = [p for p in runs if p.name == run_id]
+    matches = exact or [p for p in runs if p.name.startswith(run_id)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise RunNotFound(f"unknown run id {run_id!r} (in {root})")
+    raise RunNotFound(f"run id {run_id!r} is ambiguous: {', '.join(p.name for p in matches[:5])}")
+
+
+@dataclass
+class _ParsedJournal:
+    record: dict[str, Any]
+    spans: dict[str, Span]
+    ends: list[dict[str, Any]]
+    attrs: dict[str, Any]
+    warnings: list[str]
+    problems: list[str]
+
+
+def _parse_journal(path: Path) -> _ParsedJournal | str | None:
+    """Parse one journal; a string is the reason the whole file was skipped."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"cannot read {path.name}: {exc}"
+    lines = data.split(b"\n")
+    record: dict[str, Any] | None = None
+    spans: dict[str, Span] = {}
+    ends: list[dict[str, Any]] = []
+    attrs: dict[str, Any] = {}
+    warnings: list[str] = []
+    problems: list[str] = []
+    mono = epoch = 0
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            item = json.loads(raw)
+            if not isinstance(item, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            last = number == len(lines) or (number == len(lines) - 1 and not lines[-1])
+            problems.append(f"skipped {'cut last' if last else 'malformed'} line {number} of {path.name}")
+            continue
+        kind = item.get("k")
+        if record is None:
+            if kind != "process":
+                return f"skipped {path.name}: first record is not a process record"
+            record = item
+            try:
+                mono, epoch = int(item["anchor_mono"]), int(item["anchor_epoch"])
+            except (KeyError, TypeError, ValueError):
+                return f"skipped {path.name}: process record without a clock anchor"
+            continue
+        try:
+            if kind == "b" or kind == "i":
+                start = int(item["t"]) - mono + epoch
+                span = Span(
+                    span_id=str(item["s"]),
+                    parent_id=item.get("p"),
+                    name=str(item["n"]),
+                    start_ns=start,
+                    end_ns=start if kind == "i" else None,
+                    attrs=dict(item.get("a") or {}),
+                    thread=item.get("th"),
+                    instant=kind == "i",
+                )
+                spans[span.span_id] = span
+            elif kind == "e":
+                ends.append(
+                    {
+                        "s": str(item["s"]),
+                        "t": int(item["t"]) - mono + epoch,
+                        "a": item.get("a"),
+                        "err": item.get("err"),
+                    }
+                )
+            elif kind == "attrs":
+                attrs.update(item.get("a") or {})
+            elif kind == "warn":
+                warnings.append(str(item.get("msg", "")))
+        except (KeyError, TypeError, ValueError):
+            problems.append(f"skipped malformed record on line {number} of {path.name}")
+    if record is None:
+        return f"skipped {path.name}: empty journal"
+    return _ParsedJournal(record, spans, ends, attrs, warnings, problems)
+
+
+def _resource(record: dict[str, Any], attrs: dict[str, Any], run_id: str) -> dict[str, Any]:
+    resource: dict[str, Any] = {
+        "service.name": record.get("service") or "python",
+        "service.instance.id": record.get("iid", ""),
+        "process.pid": int(record.get("pid", 0)),
+        "process.parent_pid": int(record.get("ppid", 0)),
+        "process.command_args": [str(a) for a in record.get("argv") or []],
+        "process.executable.path": record.get("exe", ""),
+        "process.runtime.name": "cpython",
+        "process.runtime.version": record.get("python", ""),
+        "host.name": record.get("host", ""),
+        "starttrace.run_id": run_id,
+        "starttrace.start_method": record.get("method", "exec"),
+    }
+    resource.update(attrs)
+    if not resource.get("starttrace.role"):
+        resource["starttrace.role"] = "main" if record.get("method") == "root" else "helper"
+    return resource
+
+
+def _alive(pid: int, created_mono: int, host: str) -> bool | None:
+    if host and host != os.uname().nodename:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    try:
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if fields[0] == b"Z":
+            return False
+        ticks = os.sysconf("SC_CLK_TCK")
+        import time
+
+        start_mono = time.monotonic_ns() - (
+            time.clock_gettime_ns(time.CLOCK_BOOTTIME) - int(fields[19]) * 10**9 // ticks
+        )
+        return abs(start_mono - created_mono) < 2 * 10**9 // ticks + 50_000_000
+    except (ValueError, IndexError, OSError):
+        return None
+
+
+def read_run(run_dir: Path) -> Run:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunNotFound(f"no run at {run_dir}")
+    meta: dict[str, Any] = {}
+    problems: list[str] = []
+    meta_path = run_dir / "run.json"
+    if meta_path.exists():
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8") or "{}")
+        except (ValueError, OSError) as exc:
+            problems.append(f"run.json unreadable: {exc}")
+    parsed: list[tuple[Path, _ParsedJournal]] = []
+    for path in sorted(run_dir.glob("*.jsonl")):
+        result = _parse_journal(path)
+        if isinstance(result, str):
+            problems.append(result)
+        elif result is not None:
+            parsed.append((path, result))
+            problems.extend(result.problems)
+    if not parsed:
+        why = "; ".join(problems) if problems else "no journal files"
+        raise EmptyRun(f"run {run_dir.name} has no readable journal ({why})")
+    run_id = str(meta.get("run_id") or parsed[0][1].record.get("run") or run_dir.name)
+    trace_id = str(meta.get("trace_id") or parsed[0][1].record.get("trace") or "")
+    root_span_id = str(meta.get("root_span_id") or parsed[0][1].record.get("root_span") or "")
+
+    all_spans: dict[str, Span] = {}
+    for _, journal in parsed:
+        all_spans.update(journal.spans)
+    for _, journal in parsed:
+        for end in journal.ends:
+            span = all_spans.get(end["s"])
+            if span is None or span.instant:
+                continue
+            if span.end_ns is None or end["t"] < span.end_ns:
+                span.end_ns = max(end["t"], span.start_ns)
+            if end["a"]:
+                span.attrs.update(end["a"])
+            if end["err"] is not None:
+                span.error = str(end["err"])
+
+    root_spans = [all_spans.pop(root_span_id)] if root_span_id in all_spans else []
+    processes: list[Process] = []
+    for path, journal in parsed:
+        record = journal.record
+        mono, epoch = int(record["anchor_mono"]), int(record["anchor_epoch"])
+        resource = _resource(record, journal.attrs, run_id)
+        spans = [s for s in journal.spans.values() if s.span_id in all_spans]
+        process_span = str(record.get("span", ""))
+        exit_span = all_spans.get(process_span)
+        exit_code = exit_span.attrs.get("process.exit_code") if exit_span else None
+        created_mono = int(record.get("created", record.get("activated", mono)))
+        process = Process(
+            instance_id=str(record.get("iid", path.stem)),
+            pid=int(record.get("pid", 0)),
+            ppid=int(record.get("ppid", 0)),
+            journal_path=path,
+            resource=resource,
+            process_span_id=process_span,
+            spans=sorted(spans, key=lambda s: s.start_ns),
+            exited=exit_span is not None and exit_span.end_ns is not None,
+            exit_code=exit_code if isinstance(exit_code, int) else None,
+            warnings=journal.warnings,
+            preloaded=[str(m) for m in record.get("preloaded") or []],
+            created_ns=created_mono - mono + epoch,
+            activated_ns=int(record.get("activated", mono)) - mono + epoch,
+            record=record,
+        )
+        process.alive = False if process.exited else _alive(process.pid, created_mono, str(record.get("host", "")))
+        processes.append(process)
+
+    _resolve_parents(processes, root_spans, all_spans, root_span_id)
+    _end_process_lanes(processes, root_spans)
+    _import_self_times(processes)
+    processes.sort(key=lambda p: p.created_ns)
+    return Run(run_id, trace_id, root_span_id, meta, processes, problems, root_spans, run_dir)
+
+
+def _resolve_parents(
+    processes: list[Process], root_spans: list[Span], all_spans: dict[str, Span], root_span_id: str
+) -> None:
+    launches: dict[int, list[Span]] = {}
+    for process in processes:
+        for span in process.spans:
+            child = span.attrs.get("starttrace.child_pid")
+            if span.name in LAUNCH_SPANS and isinstance(child, int):
+                launches.setdefault(child, []).append(span)
+    by_pid = {p.pid: p for p in processes}
+    fallback_root = root_spans[0].span_id if root_spans else None
+    for process in processes:
+        own = process.process_span
+        if own is None:
+            continue
+        candidates = launches.get(process.pid, [])
+        forks = [s for s in candidates if s.name == "process.fork"]
+        requests = [s for s in candidates if s.name != "process.fork"]
+        if own.parent_id not in all_spans and own.parent_id != root_span_id:
+            parent_process = by_pid.get(process.ppid)
+            if forks:
+                own.parent_id = forks[0].span_id
+            elif requests:
+                own.parent_id = requests[0].span_id
+            elif parent_process is not None and parent_process is not process:
+                own.parent_id = parent_process.process_span_id
+            else:
+                own.parent_id = fallback_root
+        # A forkserver child hangs under the forkserver's fork; the requester's launch is a link.
+        launch = next((s for s in requests if s.span_id != own.parent_id and s.name == "process.launch"), None)
+        if launch is not None:
+            own.attrs["starttrace.launched_by"] = launch.span_id
+        ids = {s.span_id for s in process.spans}
+        for span in process.spans:
+            if span is own:
+                continue
+            if span.parent_id not in ids and span.parent_id not in all_spans and span.parent_id != root_span_id:
+                span.parent_id = own.span_id
+
+
+def _end_process_lanes(processes: list[Process], root_spans: list[Span]) -> None:
+    run_ready = None
+    for process in processes:
+        for span in process.spans:
+            if span.name == "ready":
+                run_ready = span.start_ns if run_ready is None else min(run_ready, span.start_ns)
+    if root_spans and run_ready is not None:
+        root = root_spans[0]
+        if root.end_ns is None or root.end_ns > run_ready:
+            root.end_ns = run_ready
+    for process in processes:
+        own = process.process_span
+        if own is None:
+            continue
+        ready = min((s.start_ns for s in process.spans if s.name in READY_SPANS), default=None)
+        if ready is not None:
+            own.end_ns = ready
+            own.attrs["starttrace.ended_by"] = "ready"
+        elif own.end_ns is not None:
+            own.attrs.setdefault("starttrace.ended_by", "exit")
+        elif run_ready is not None and own.start_ns <= run_ready:
+            own.end_ns = max(run_ready, own.start_ns)
+            own.attrs["starttrace.ended_by"] = "run_ready"
+
+
+def _import_self_times(processes: list[Process]) -> None:
+    for process in processes:
+        children: dict[str, int] = {}
+        for span in process.spans:
+            if span.parent_id and span.end_ns is not None:
+                children[span.parent_id] = children.get(span.parent_id, 0) + (span.end_ns - span.start_ns)
+        for span in process.spans:
+            if span.end_ns is not None and span.attrs.get("starttrace.phase") == "import":
+                own = span.end_ns - span.start_ns
+                span.attrs["starttrace.import.self_us"] = max(0, own - children.get(span.span_id, 0)) // 1000

@@ -1,0 +1,249 @@
+"""The span recorder every probe writes through (hot path, stdlib only).
+
+Spans nest per thread: `begin` pushes onto the calling thread's stack and `end` pops, so an
+import triggered inside `cuda.init` hangs under it, and `cuda.init` triggered by an import hangs
+under that import. Each record is written to the journal at once (see docs/journal.md).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from _thread import get_ident
+from time import monotonic_ns
+
+from starttrace.journal import JournalWriter, encode, quote
+
+TYPE_CHECKING = False  # `typing` is not imported at run time: see the module docstring of journal.py
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TypeAlias
+
+    Attrs: TypeAlias = dict[str, Any]
+
+_writer: JournalWriter | None = None
+process_span_id: str = ""
+_stacks: dict[int, list[str]] = {}
+_main_ident: int = get_ident()
+_foreign: set[str] = set()  # spans begun by the parent before a fork: the child must not end them
+_reported: set[str] = set()
+# Begin records held back until the span proves long enough (STARTTRACE_MIN_IMPORT_US > 0):
+# span id -> (begin line, begin time). Written before any descendant, so parents always exist.
+pending: dict[str, tuple[str, int]] = {}
+min_span_ns = 0
+_post_import_hooks: dict[str, list[Callable[[Any], None]]] = {}
+process_attrs: Attrs = {}
+
+
+def new_span_id() -> str:
+    return os.urandom(8).hex()
+
+
+def active() -> bool:
+    return _writer is not None
+
+
+def attach(writer: JournalWriter, process_span: str) -> None:
+    """Make `writer` the journal of this process (at activation, and again in a fork child)."""
+    global _writer, process_span_id, _main_ident
+    _writer = writer
+    process_span_id = process_span
+    _main_ident = get_ident()
+
+
+def detach() -> None:
+    global _writer
+    if _writer is not None:
+        _writer.close()
+    _writer = None
+
+
+def report(message: str, key: str | None = None) -> None:
+    """Report an internal failure once (per key) on stderr and in the journal; never raises."""
+    key = key or message
+    if key in _reported:
+        return
+    _reported.add(key)
+    try:
+        os.write(2, f"starttrace: {message} (pid {os.getpid()})\n".encode("utf-8", "replace"))
+    except OSError:
+        pass
+    if _writer is not None:
+        _writer.write('{"k":"warn","t":%d,"msg":%s}\n' % (monotonic_ns(), quote(message)))
+
+
+def write(line: str) -> None:
+    writer = _writer
+    if writer is not None and not writer.write(line):
+        detach()
+        report(f"journal disabled: {writer.failed}", key="journal-write")
+
+
+def _stack() -> list[str]:
+    ident = get_ident()
+    stack = _stacks.get(ident)
+    if stack is None:
+        stack = _stacks[ident] = []
+    return stack
+
+
+def current_span() -> str:
+    stack = _stacks.get(get_ident())
+    return stack[-1] if stack else process_span_id
+
+
+def begin(
+    name: str,
+    attrs: Attrs | None = None,
+    parent: str | None = None,
+    t: int | None = None,
+    push: bool = True,
+    span_id: str | None = None,
+) -> str:
+    """Start a span; returns its id ("" when tracing is off)."""
+    if _writer is None:
+        return ""
+    if span_id is None:
+        span_id = os.urandom(8).hex()
+    ident = get_ident()
+    stack = _stacks.get(ident)
+    if stack is None:
+        stack = _stacks[ident] = []
+    if parent is None:
+        parent = stack[-1] if stack else process_span_id
+    line = '{"k":"b","s":"%s","p":"%s","n":%s,"t":%d' % (
+        span_id,
+        parent,
+        quote(name),
+        monotonic_ns() if t is None else t,
+    )
+    if ident != _main_ident:
+        line += ',"th":%d' % ident
+    if attrs:
+        line += ',"a":' + encode(attrs)
+    if pending:
+        flush_pending(stack)
+    write(line + "}\n")
+    if push:
+        stack.append(span_id)
+    return span_id
+
+
+def flush_pending(stack: list[str]) -> None:
+    """Write the held-back begin records of the spans open on this stack, outermost first."""
+    for open_id in stack:
+        held = pending.pop(open_id, None)
+        if held is not None:
+            write(held[0])
+
+
+def end(span_id: str, attrs: Attrs | None = None, error: str | None = None, t: int | None = None) -> None:
+    if not span_id or _writer is None:
+        return
+    if span_id in _foreign:
+        _foreign.discard(span_id)
+        return
+    stack = _stacks.get(get_ident())
+    if stack:
+        if stack[-1] == span_id:
+            stack.pop()
+        elif span_id in stack:
+            stack.remove(span_id)
+    now = monotonic_ns() if t is None else t
+    if pending:
+        held = pending.pop(span_id, None)
+        if held is not None:
+            if now - held[1] < min_span_ns:
+                return  # shorter than STARTTRACE_MIN_IMPORT_US and no descendant was kept: dropped
+            write(held[0])
+    line = '{"k":"e","s":"%s","t":%d' % (span_id, now)
+    if attrs:
+        line += ',"a":' + encode(attrs)
+    if error is not None:
+        line += ',"err":' + quote(error)
+    write(line + "}\n")
+
+
+def instant(name: str, attrs: Attrs | None = None, parent: str | None = None) -> str:
+    """Record a zero-length span (an event such as `ready`)."""
+    if _writer is None:
+        return ""
+    span_id = os.urandom(8).hex()
+    if pending:
+        flush_pending(_stack())
+    if parent is None:
+        parent = current_span()
+    line = '{"k":"i","s":"%s","p":"%s","n":%s,"t":%d' % (
+        span_id,
+        parent,
+        quote(name),
+        monotonic_ns(),
+    )
+    if attrs:
+        line += ',"a":' + encode(attrs)
+    write(line + "}\n")
+    return span_id
+
+
+def set_process_attrs(attrs: Attrs) -> None:
+    """Process identity learnt late (role, rank, ...): applies to every span of the process."""
+    changed = {k: v for k, v in attrs.items() if process_attrs.get(k) != v}
+    if not changed:
+        return
+    process_attrs.update(changed)
+    write('{"k":"attrs","t":%d,"a":%s}\n' % (monotonic_ns(), encode(changed)))
+
+
+class span:
+    """`with span("cuda.init", {...}) as s:` records a span; an exception marks it as an error."""
+
+    __slots__ = ("attrs", "end_attrs", "name", "span_id")
+
+    def __init__(self, name: str, attrs: Attrs | None = None) -> None:
+        self.name = name
+        self.attrs = attrs
+        self.span_id = ""
+        self.end_attrs: Attrs = {}
+
+    def __enter__(self) -> span:
+        self.span_id = begin(self.name, self.attrs)
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        error = None if exc is None else f"{kind.__name__}: {exc}"
+        end(self.span_id, self.end_attrs or None, error)
+
+
+def forget_stacks_after_fork() -> None:
+    """In a fork child: spans still open belong to the parent's journal."""
+    for stack in _stacks.values():
+        _foreign.update(stack)
+    _stacks.clear()
+
+
+def when_imported(module: str, hook: Callable[[Any], None]) -> None:
+    """Run `hook(module)` right after `module` is first imported (or now if it already is)."""
+    loaded = sys.modules.get(module)
+    if loaded is not None and getattr(getattr(loaded, "__spec__", None), "_initializing", False) is False:
+        run_hook(hook, loaded)
+        return
+    _post_import_hooks.setdefault(module, []).append(hook)
+
+
+def run_post_import_hooks(name: str, module: Any) -> None:
+    hooks = _post_import_hooks.pop(name, None)
+    if hooks:
+        for hook in hooks:
+            run_hook(hook, module)
+
+
+def has_post_import_hooks() -> bool:
+    return bool(_post_import_hooks)
+
+
+def run_hook(hook: Callable[[Any], None], module: Any) -> None:
+    try:
+        hook(module)
+    except Exception as exc:  # a probe must never break the traced program
+        name = getattr(hook, "__qualname__", repr(hook))
+        report(f"probe {name} failed: {type(exc).__name__}: {exc}", key=f"hook:{name}")
