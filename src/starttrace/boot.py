@@ -33,6 +33,9 @@ ENV_LAUNCH_NS = "STARTTRACE_LAUNCH_NS"
 ENV_SERVICE = "STARTTRACE_SERVICE_NAME"
 ENV_DIR = "STARTTRACE_DIR"
 ENV_MIN_IMPORT_US = "STARTTRACE_MIN_IMPORT_US"
+ENV_ANCHOR = "STARTTRACE_ANCHOR"
+ENV_NEW_RUN_ID = "STARTTRACE_NEW_RUN_ID"
+ENV_DISABLED = "STARTTRACE_DISABLED"  # set when the run could not be recorded: children stay off
 ENV_INTERNAL = "STARTTRACE_INTERNAL"  # set in starttrace's own helper processes: never traced
 
 
@@ -55,6 +58,10 @@ class ProcessState:
     bootstrap_span = ""
     role = ""
     instance_id = ""
+    # One clock anchor for the whole run (the root's), so every lane converts monotonic time to
+    # epoch time the same way and lanes of different processes line up exactly.
+    anchor_mono = 0
+    anchor_epoch = 0
     parent_of_root: str | None = None
 
 
@@ -91,18 +98,22 @@ def activate() -> None:
                 f"starttrace: ignoring {raw}: use 1/true/on/yes or 0/false/off/no; tracing is off\n".encode(),
             )
             return
-        if verdict == "off" or os.environ.get(ENV_INTERNAL) == "1" or recorder.active():
+        if verdict == "off" or os.environ.get(ENV_INTERNAL) == "1" or os.environ.get(ENV_DISABLED) or recorder.active():
             return
         _activate()
-    except Exception as exc:
-        recorder.report(f"tracing disabled: {type(exc).__name__}: {exc}", key="activate")
+    except _Disabled:
         recorder.detach()
+    except Exception as exc:
+        recorder.report(f"tracing is off: {type(exc).__name__}: {exc}", key="activate")
+        recorder.detach()
+        os.environ[ENV_DISABLED] = str(exc)  # children stay quiet: the failure is reported once
 
 
 def _activate() -> None:
     now = monotonic_ns()
     environ = os.environ
     state.activated = now
+    state.anchor_mono, state.anchor_epoch = monotonic_ns(), time_ns()
     inherited_run = environ.get(ENV_RUN_ID)
     run_dir = environ.get(ENV_RUN_DIR)
     if inherited_run and run_dir:
@@ -111,6 +122,9 @@ def _activate() -> None:
         state.trace_id = environ.get(ENV_TRACE_ID, "")
         state.root_span = environ.get(ENV_ROOT_SPAN, "")
         state.is_root = False
+        mono, _, epoch = environ.get(ENV_ANCHOR, "").partition(":")
+        if mono.isdigit() and epoch.isdigit():
+            state.anchor_mono, state.anchor_epoch = int(mono), int(epoch)
     else:
         _create_run(now)
     ppid = os.getppid()
@@ -139,6 +153,7 @@ def _activate() -> None:
     _open_journal(parent_span, launch_pid, created, now)
     if state.is_root:
         _export_run_environment()
+        _start_follower()
     _install_process_hooks()
     _install_probes(probes)
 
@@ -152,10 +167,16 @@ def _create_run(now: int) -> None:
     import time as _time  # a builtin module: importing it loads nothing new
 
     stamp = _time.strftime("%Y%m%d-%H%M%S", _time.gmtime())
-    state.run_id = f"{stamp}-{os.urandom(3).hex()}"
+    requested = environ.pop(ENV_NEW_RUN_ID, "")  # chosen by `starttrace run`, which reports it
+    state.run_id = requested if requested.replace("-", "").isalnum() else f"{stamp}-{os.urandom(3).hex()}"
     root = environ.get(ENV_DIR) or default_journal_root()
     state.run_dir = os.path.join(os.path.abspath(root), state.run_id)
-    os.makedirs(state.run_dir, exist_ok=True)
+    try:
+        os.makedirs(state.run_dir, exist_ok=True)
+    except OSError as exc:
+        _disable(
+            f"cannot create the journal directory {state.run_dir}: {exc.strerror or exc}; tracing is off for this run"
+        )
     meta = {
         "v": FORMAT_VERSION,
         "run_id": state.run_id,
@@ -180,9 +201,33 @@ def _export_run_environment() -> None:
     environ[ENV_RUN_DIR] = state.run_dir
     environ[ENV_TRACE_ID] = state.trace_id
     environ[ENV_ROOT_SPAN] = state.root_span
+    environ[ENV_ANCHOR] = f"{state.anchor_mono}:{state.anchor_epoch}"
     environ.setdefault(ENV_SERVICE, service_name())
     # vLLM reads and writes the lowercase W3C header: its own startup spans join this trace.
     environ["traceparent"] = f"00-{state.trace_id}-{state.root_span}-01"
+
+
+def otlp_endpoint() -> str | None:
+    environ = os.environ
+    specific = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    if specific:
+        return specific
+    general = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    return general.rstrip("/") + "/v1/traces" if general else None
+
+
+def _start_follower() -> None:
+    """With an OTLP endpoint configured, a detached helper exports the run (see export/follower.py)."""
+    endpoint = otlp_endpoint()
+    if not endpoint or os.environ.get("STARTTRACE_OTLP_AUTO", "1") == "0":
+        return
+    env = dict(os.environ)
+    env[ENV_INTERNAL] = "1"
+    args = [sys.executable, "-m", "starttrace.export.follower", state.run_dir, str(os.getpid()), endpoint]
+    try:
+        os.posix_spawn(sys.executable, args, env, setsid=True)
+    except Exception as exc:
+        recorder.report(f"cannot start the OTLP exporter: {exc}", key="follower")
 
 
 def parse_traceparent(value: str) -> tuple[str, str | None]:
@@ -248,8 +293,8 @@ def _process_record(parent_span: str | None, launch_pid: int | None, created: in
         "method": state.method,
         "created": created,
         "activated": now,
-        "anchor_mono": monotonic_ns(),
-        "anchor_epoch": time_ns(),
+        "anchor_mono": state.anchor_mono,
+        "anchor_epoch": state.anchor_epoch,
         "span": recorder.process_span_id,
         "parent": parent_span,
         "launch_pid": launch_pid,
@@ -302,6 +347,13 @@ def _open_journal(parent_span: str | None, launch_pid: int | None, created: int,
 
 class _Disabled(Exception):
     pass
+
+
+def _disable(message: str) -> None:
+    """Report once for the whole tree (children inherit the marker and stay quiet), then stop."""
+    recorder.report(message, key="disabled")
+    os.environ[ENV_DISABLED] = message
+    raise _Disabled(message)
 
 
 def _initial_identity() -> None:

@@ -1,0 +1,3 @@
+from starttrace.cli import main
+
+main()

@@ -1,0 +1,350 @@
+"""`starttrace`: run a traced command, list runs, report, export, compare, serve, demo.
+
+Exit codes: the traced command's own for `run`; 2 for a bad request (unknown run id, empty or
+corrupt journal, bad option); 1 for a failure on the way (an export the endpoint refused).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from starttrace import __version__
+from starttrace.reader import ReaderError, Run, default_root, find_run_dir, list_run_dirs, read_run
+
+app = typer.Typer(
+    help="Where the startup time of multi-process Python servers goes (vLLM, SGLang, torchrun, ...).",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_show_locals=False,
+)
+console = Console()
+errors = Console(stderr=True)
+
+DirOption = Annotated[
+    Path | None,
+    typer.Option("--dir", help="journal root (default: $STARTTRACE_DIR, else ~/.local/state/starttrace/runs)"),
+]
+RunArgument = Annotated[str | None, typer.Argument(help="run id or a unique prefix of it; default: the newest run")]
+
+
+class Format(StrEnum):
+    otlp = "otlp"
+    otlp_json = "otlp-json"
+    perfetto = "perfetto"
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    errors.print(Text(f"starttrace: {message}", style="red"))
+    return typer.Exit(code)
+
+
+def _root(directory: Path | None) -> Path:
+    return directory if directory is not None else default_root()
+
+
+def _load(run: str | None, directory: Path | None) -> Run:
+    try:
+        return read_run(find_run_dir(_root(directory), run))
+    except ReaderError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _model(run: Run) -> Any:
+    from starttrace.analysis.model import build_model, run_input_from_reader
+
+    return build_model(run_input_from_reader(run))
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    console.print(__version__)
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def run(
+    command: Annotated[list[str], typer.Argument(help="the command to trace, after --")],
+    directory: DirOption = None,
+    service: Annotated[str | None, typer.Option(help="service.name for every process of the run")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no summary after the command")] = False,
+) -> None:
+    """Run COMMAND with tracing switched on for its whole process tree, then summarize the run."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("STARTTRACE_")
+        or k in ("STARTTRACE_MIN_IMPORT_US", "STARTTRACE_SERVICE_NAME", "STARTTRACE_DIR")
+    }
+    root = _root(directory).resolve()
+    env["STARTTRACE"] = "1"
+    env["STARTTRACE_DIR"] = str(root)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    run_id = f"{stamp}-{os.urandom(3).hex()}"
+    env["STARTTRACE_NEW_RUN_ID"] = run_id
+    if service:
+        env["STARTTRACE_SERVICE_NAME"] = service
+    try:
+        child = subprocess.Popen(command, env=env)
+    except OSError as exc:
+        raise _fail(f"cannot start {command[0]!r}: {exc}", 127) from None
+    previous = {sig: signal.signal(sig, lambda s, f: child.send_signal(s)) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    run_dir = root / run_id
+    if not quiet:
+        if run_dir.is_dir():
+            errors.print(f"starttrace: run {run_id} stored in {run_dir}")
+            try:
+                _summary(read_run(run_dir))
+            except Exception as exc:  # the traced command's exit code must come through regardless
+                errors.print(Text(f"starttrace: no summary: {type(exc).__name__}: {exc}", style="yellow"))
+            errors.print(
+                f"details: starttrace report {run_id}    web: starttrace serve, then http://127.0.0.1:4318/startup/{run_id}"
+            )
+        else:
+            errors.print(
+                Text(
+                    f"starttrace: no run was recorded in {run_dir} (is {command[0]!r} a Python program?)",
+                    style="yellow",
+                )
+            )
+    raise typer.Exit(code if code >= 0 else 128 - code)
+
+
+def _summary(run: Run) -> None:
+    model = _model(run)
+    table = Table(title=f"run {run.run_id}: {len(run.processes)} processes, startup {model.startup_s:.3f} s")
+    for column in ("process", "start", "lane s", "ready at s", "imports", "import s", "status"):
+        table.add_column(column, justify="left" if column in ("process", "start", "status") else "right")
+    for lane in model.lanes:
+        ready_at = model.seconds(lane.ready_ns)
+        imports = sum(1 for node in lane.spans if node.phase == "import")
+        if lane.exited:
+            status = f"exit {lane.exit_code}" if lane.exit_code is not None else "exited"
+        else:
+            status = "ready" if lane.ready_ns is not None else ("in progress" if lane.in_progress else "-")
+        table.add_row(
+            Text(lane.label),
+            Text(str(lane.start_method or "-")),
+            f"{(lane.end - lane.start) / 1e9:.3f}",
+            "-" if ready_at is None else f"{ready_at:.3f}",
+            str(imports),
+            f"{lane.import_ns / 1e9:.3f}",
+            Text(status),
+        )
+    errors.print(table)
+
+
+@app.command()
+def runs(
+    directory: DirOption = None,
+    limit: Annotated[int, typer.Option(help="newest N runs")] = 20,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table")] = False,
+) -> None:
+    """List recorded runs: time, id, command, processes, status."""
+    rows = [_run_row(path) for path in list_run_dirs(_root(directory))[:limit]]
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    table = Table(title=f"runs in {_root(directory)}")
+    for column in ("time (UTC)", "run id", "command", "processes", "status"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row["time"], row["run_id"], Text(row["command"]), str(row["processes"]), row["status"])
+    console.print(table)
+
+
+def _run_row(path: Path) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    try:
+        meta = json.loads((path / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    journals = list(path.glob("*.jsonl"))
+    status = "running"
+    blobs = []
+    for journal in journals:
+        try:
+            blobs.append(journal.read_bytes())
+        except OSError:
+            continue
+    if any(b'"n":"ready"' in blob for blob in blobs):
+        status = "ready"
+    elif any(b'"starttrace.ended_by":"root_exit"' in blob for blob in blobs):
+        status = "exited"
+    elif journals and not _root_alive(blobs):
+        status = "killed"
+    created = meta.get("created_epoch_ns")
+    when = datetime.utcfromtimestamp(created / 1e9).strftime("%Y-%m-%d %H:%M:%S") if isinstance(created, int) else "-"
+    argv = meta.get("argv") or []
+    return {
+        "time": when,
+        "run_id": path.name,
+        "command": " ".join(str(a) for a in argv)[:80],
+        "processes": len(journals),
+        "status": status,
+    }
+
+
+def _root_alive(blobs: list[bytes]) -> bool:
+    for blob in blobs:
+        first = blob.split(b"\n", 1)[0]
+        try:
+            record = json.loads(first)
+        except ValueError:
+            continue
+        if record.get("method") == "root":
+            try:
+                os.kill(int(record["pid"]), 0)
+                return True
+            except (OSError, KeyError, ValueError):
+                return False
+    return False
+
+
+@app.command()
+def report(
+    run_id: RunArgument = None,
+    directory: DirOption = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="the waterfall model as JSON (what GET /startup returns)")
+    ] = False,
+) -> None:
+    """Per-process startup report of a run: time to ready, phases, top imports, advice."""
+    the_run = _load(run_id, directory)
+    model = _model(the_run)
+    if as_json:
+        from starttrace.analysis.model import to_json
+
+        sys.stdout.write(json.dumps(to_json(model, include_spans=False), indent=2) + "\n")
+        return
+    from starttrace.analysis.render_terminal import render_report
+
+    render_report(model, console)
+
+
+@app.command()
+def compare(
+    run_a: Annotated[str, typer.Argument(help="run A (e.g. spawn)")],
+    run_b: Annotated[str, typer.Argument(help="run B (e.g. forkserver)")],
+    directory: DirOption = None,
+) -> None:
+    """Run A vs run B: per phase, per rank, per module."""
+    from starttrace.analysis.compare import compare as compare_models
+    from starttrace.analysis.render_terminal import render_compare
+
+    render_compare(compare_models(_model(_load(run_a, directory)), _model(_load(run_b, directory))), console)
+
+
+@app.command()
+def export(
+    run_id: RunArgument = None,
+    directory: DirOption = None,
+    format: Annotated[
+        Format, typer.Option("--format", "-f", help="otlp (send), otlp-json or perfetto (write)")
+    ] = Format.perfetto,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="file to write (default: stdout)")] = None,
+    endpoint: Annotated[
+        str | None, typer.Option(help="OTLP/HTTP endpoint (default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT)")
+    ] = None,
+) -> None:
+    """Export a run: send it over OTLP/HTTP, or write OTLP/JSON or Perfetto trace JSON."""
+    the_run = _load(run_id, directory)
+    if format is Format.otlp:
+        from starttrace.export.otlp import ExportError, export_run, traces_endpoint
+
+        url = traces_endpoint(endpoint)
+        if not url:
+            raise _fail("no endpoint: pass --endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT")
+        try:
+            sent = export_run(the_run, url)
+        except ExportError as exc:
+            raise _fail(str(exc), 1) from None
+        errors.print(f"starttrace: sent {sent} spans of run {the_run.run_id} to {url}")
+        return
+    if format is Format.otlp_json:
+        from starttrace.export.otlp import to_otlp_json
+
+        document = to_otlp_json(the_run)
+    else:
+        from starttrace.export.perfetto import to_perfetto
+
+        document = to_perfetto(the_run)
+    text = json.dumps(document)
+    if out is None:
+        sys.stdout.write(text + "\n")
+    else:
+        out.write_text(text, encoding="utf-8")
+        errors.print(f"starttrace: wrote {out}")
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="address to bind (loopback by default)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port (4318 = the OTLP/HTTP default)")] = 4318,
+    db: Annotated[
+        Path | None, typer.Option(help="SQLite database (default: ~/.local/state/starttrace/starttrace.db)")
+    ] = None,
+    journal_dir: Annotated[
+        Path | None,
+        typer.Option(help="journal root to watch (default: $STARTTRACE_DIR or ~/.local/state/starttrace/runs)"),
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option(envvar="STARTTRACE_TOKEN", help="bearer token required on every endpoint but /healthz")
+    ] = None,
+    retention: Annotated[str | None, typer.Option(help="drop runs older than this (e.g. 7d, 12h)")] = None,
+    no_journal: Annotated[bool, typer.Option("--no-journal", help="do not watch a journal dir (OTLP only)")] = False,
+) -> None:
+    """The starttrace service: OTLP/HTTP receiver, /startup waterfalls, /metrics."""
+    from starttrace.service.server import serve as run_server
+
+    run_server(
+        host=host,
+        port=port,
+        db=str(db) if db else None,
+        journal_dir=None if no_journal else str(journal_dir or default_root()),
+        token=token,
+        retention=retention,
+    )
+
+
+@app.command()
+def demo(
+    directory: DirOption = None,
+    workdir: Annotated[Path | None, typer.Option(help="where the tiny model and logs go")] = None,
+    tp: Annotated[int, typer.Option(help="tensor parallel size")] = 2,
+    method: Annotated[str, typer.Option(help="VLLM_WORKER_MULTIPROC_METHOD")] = "forkserver",
+) -> None:
+    """A traced real vLLM startup on CPU (tiny offline model, TP=2), then its per-rank report."""
+    from starttrace.demo import run_demo
+
+    code = run_demo(journal_root=_root(directory), workdir=workdir, tp=tp, method=method)
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""A run as Chrome/Perfetto trace-event JSON (open it at ui.perfetto.dev or chrome://tracing).
+
+One track per process, named `role rank pid` and sorted like the waterfall; slices on one thread
+obey Perfetto's nesting rule (a child lies inside its parent; siblings do not overlap): a child
+that outlives its parent is clipped to it, and the clip is recorded in the slice's args.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starttrace.reader import Process, Run, Span
+
+ROLE_ORDER = {"main": 0, "api_server": 1, "forkserver": 2, "engine_core": 3, "worker": 4, "helper": 5}
+RUN_TRACK_PID = 0
+
+
+def sort_key(process: Process) -> tuple[int, int, int]:
+    rank = process.rank if process.rank is not None else 1 << 20
+    return ROLE_ORDER.get(process.role, 6), rank, process.created_ns
+
+
+def _us(ns: int, t0: int) -> float:
+    return round((ns - t0) / 1000.0, 3)
+
+
+def to_perfetto(run: Run, now_ns: int | None = None) -> dict[str, Any]:
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    starts = [p.created_ns for p in run.processes] + [s.start_ns for s in run.root_spans]
+    t0 = min(starts) if starts else 0
+    events: list[dict[str, Any]] = []
+    events.append({"ph": "M", "name": "process_name", "pid": RUN_TRACK_PID, "args": {"name": f"run {run.run_id}"}})
+    events.append({"ph": "M", "name": "process_sort_index", "pid": RUN_TRACK_PID, "args": {"sort_index": 0}})
+    for span in run.root_spans:
+        events.extend(_slices([span], RUN_TRACK_PID, t0, now_ns))
+    for index, process in enumerate(sorted(run.processes, key=sort_key), 1):
+        pid = process.pid
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": process.label()}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": index}})
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": pid, "args": {"name": "main"}})
+        events.extend(_slices(process.spans, pid, t0, now_ns))
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "metadata": {"starttrace.run_id": run.run_id, "trace_id": run.trace_id, "epoch_origin_ns": t0},
+    }
+
+
+def _slices(spans: list[Span], pid: int, t0: int, now_ns: int) -> list[dict[str, Any]]:
+    by_thread: dict[int, list[Span]] = {}
+    for span in spans:
+        by_thread.setdefault(span.thread or pid, []).append(span)
+    events: list[dict[str, Any]] = []
+    for tid, thread_spans in by_thread.items():
+        if tid != pid:
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"thread {tid}"}})
+        ends = {s.span_id: (s.end_ns if s.end_ns is not None else max(now_ns, s.start_ns)) for s in thread_spans}
+        ordered = sorted(thread_spans, key=lambda s: (s.start_ns, -ends[s.span_id]))
+        stack: list[int] = []  # end times of the open slices
+        for span in ordered:
+            start, end = span.start_ns, ends[span.span_id]
+            while stack and stack[-1] <= start:
+                stack.pop()
+            args: dict[str, Any] = {k: _arg(v) for k, v in span.attrs.items()}
+            args["span_id"] = span.span_id
+            if span.error is not None:
+                args["error"] = span.error
+            if span.end_ns is None:
+                args["in_progress"] = True
+            if span.instant:
+                events.append(
+                    {"ph": "i", "s": "p", "name": span.name, "pid": pid, "tid": tid, "ts": _us(start, t0), "args": args}
+                )
+                continue
+            if stack and end > stack[-1]:
+                args["clipped_to_parent_ns"] = end - stack[-1]
+                end = stack[-1]
+            category = str(span.attrs.get("starttrace.phase", "other"))
+            events.append(
+                {
+                    "ph": "X",
+                    "name": span.name,
+                    "cat": category,
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": _us(start, t0),
+                    "dur": round((end - start) / 1000.0, 3),
+                    "args": args,
+                }
+            )
+            stack.append(end)
+    return events
+
+
+def _arg(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_arg(v) for v in value]
+    return str(value)
