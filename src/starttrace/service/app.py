@@ -1,0 +1,439 @@
+"""The starttrace service: FastAPI app factory `create_app(settings)`.
+
+Endpoints (docs/service.md): POST /v1/traces, GET /startup, GET /startup/{run_id}, GET /runs,
+GET /runs/{run_id}/export, GET /compare, GET /metrics, GET /healthz, /openapi.json, /static.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hmac
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from starttrace.analysis.compare import compare
+from starttrace.analysis.model import RunModel, build_model, run_input_from_rows, to_json
+from starttrace.service import exports, metrics
+from starttrace.service.journal_watcher import JournalWatcher
+from starttrace.service.otlp_receiver import DEFAULT_MAX_BODY, handle_traces
+from starttrace.service.store import Store
+
+HERE = Path(__file__).resolve().parent
+PHASE_COLORS = {
+    "interpreter": "#9aa5b1",
+    "import": "#4e79a7",
+    "forkserver": "#b07aa1",
+    "forkserver_preload": "#d4a6c8",
+    "launch": "#f28e2b",
+    "fork": "#ff9d9a",
+    "bootstrap": "#edc948",
+    "cuda_init": "#e15759",
+    "dist_init": "#76b7b2",
+    "model_load": "#59a14f",
+    "compile": "#8cd17d",
+    "kv_cache": "#b6992d",
+    "cuda_graphs": "#499894",
+    "ready": "#2ca02c",
+    "other": "#bab0ac",
+}
+
+
+def default_db_path() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "starttrace" / "starttrace.db"
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+
+
+def parse_retention(value: str | float | int | None) -> float | None:
+    """'7d', '12h', '30m', '90s', '2w' or a number of days -> seconds."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) * 86400
+    m = _DURATION.match(str(value))
+    if not m:
+        raise ValueError(f"invalid retention {value!r}: use e.g. 7d, 12h, 30m")
+    n = float(m.group(1))
+    unit = m.group(2) or "d"
+    return n * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[unit]
+
+
+@dataclass
+class Settings:
+    db: Path | str | None = None
+    journal_dir: Path | str | None = None
+    token: str | None = None
+    retention_s: float | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    queue_max_spans: int = 400_000
+    poll_s: float = 1.0
+    retry_after_s: int = 2
+    live_model_ttl_s: float = 1.0
+    start_background: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ModelCache:
+    """Waterfall models (and their JSON bytes) per run, rebuilt when the run's data changes (and at
+    most once per `live_ttl_s` while a run is live, for its growing in-progress spans)."""
+
+    def __init__(self, store: Store, live_ttl_s: float) -> None:
+        self.store = store
+        self.live_ttl_s = live_ttl_s
+        self._lock = threading.Lock()
+        self._run_locks: dict[str, threading.Lock] = {}
+        self._models: dict[str, tuple[int, float, RunModel]] = {}
+        self._json: dict[str, tuple[int, float, bytes]] = {}
+
+    def _run_lock(self, run_id: str) -> threading.Lock:
+        with self._lock:
+            lock = self._run_locks.get(run_id)
+            if lock is None:
+                lock = self._run_locks[run_id] = threading.Lock()
+            return lock
+
+    def _fresh(self, entry: tuple[int, float, Any] | None, version: int, live: bool) -> bool:
+        if entry is None or entry[0] != version:
+            return False
+        return not live or time.monotonic() - entry[1] < self.live_ttl_s
+
+    def model(self, run_id: str) -> RunModel | None:
+        version = self.store.run_version(run_id)
+        if version is None:
+            return None
+        entry = self._models.get(run_id)
+        if entry is not None and self._fresh(entry, version, entry[2].live):
+            return entry[2]
+        with self._run_lock(run_id):
+            entry = self._models.get(run_id)
+            if entry is not None and self._fresh(entry, version, entry[2].live):
+                return entry[2]
+            rows = self.store.load_run(run_id)
+            if rows is None:
+                return None
+            model = build_model(run_input_from_rows(rows))
+            self._models[run_id] = (rows.version, time.monotonic(), model)
+            if len(self._models) > 64:
+                oldest = sorted(self._models.items(), key=lambda kv: kv[1][1])[: len(self._models) - 64]
+                for key, _ in oldest:
+                    self._models.pop(key, None)
+                    self._json.pop(key, None)
+            return model
+
+    def json_bytes(self, run_id: str) -> bytes | None:
+        model = self.model(run_id)
+        if model is None:
+            return None
+        entry = self._json.get(run_id)
+        if entry is not None and entry[0] == model.version and entry[1] == id(model):
+            return entry[2]
+        data = json.dumps(to_json(model), separators=(",", ":"), default=str).encode()
+        self._json[run_id] = (model.version, id(model), data)  # type: ignore[assignment]
+        return data
+
+    def forget(self, run_ids: list[str]) -> None:
+        for rid in run_ids:
+            self._models.pop(rid, None)
+            self._json.pop(rid, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# auth (pure ASGI, so it costs nothing on the ingest path)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+COOKIE = "starttrace_token"
+
+
+class TokenAuth:
+    """Bearer token on every endpoint but /healthz. Browsers may open `/startup?token=...` once:
+    the token is then kept in an HttpOnly, SameSite=Strict cookie for the page's own requests."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    def _ok(self, value: str | None) -> bool:
+        return value is not None and hmac.compare_digest(value.encode(), self.token)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") == "/healthz":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        auth = headers.get("authorization", "")
+        if auth.lower().startswith("bearer ") and self._ok(auth[7:].strip()):
+            await self.app(scope, receive, send)
+            return
+        for part in headers.get("cookie", "").split(";"):
+            name, _, value = part.strip().partition("=")
+            if name == COOKIE and self._ok(value):
+                await self.app(scope, receive, send)
+                return
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        q = query.get("token", [None])[0]
+        if self._ok(q):
+
+            async def send_with_cookie(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    hdrs = list(message.get("headers", []))
+                    hdrs.append((b"set-cookie", f"{COOKIE}={q}; HttpOnly; SameSite=Strict; Path=/".encode("latin-1")))
+                    message["headers"] = hdrs
+                await send(message)
+
+            await self.app(scope, receive, send_with_cookie)
+            return
+        body = b'{"error":"unauthorized: send Authorization: Bearer <token>"}'
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"www-authenticate", b'Bearer realm="starttrace"'),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def wants_html(request: Request) -> bool:
+    fmt = request.query_params.get("format")
+    if fmt in ("html", "json"):
+        return fmt == "html"
+    accept = request.headers.get("accept", "")
+    best_html = best_json = 0.0
+    for part in accept.split(","):
+        items = [x.strip() for x in part.split(";")]
+        mt = items[0].lower()
+        q = 1.0
+        for p in items[1:]:
+            if p.startswith("q="):
+                try:
+                    q = float(p[2:])
+                except ValueError:
+                    q = 0.0
+        if mt in ("text/html", "application/xhtml+xml"):
+            best_html = max(best_html, q)
+        elif mt in ("application/json", "application/*"):
+            best_json = max(best_json, q)
+        elif mt == "*/*":
+            best_json = max(best_json, q * 0.999)
+    return best_html > best_json
+
+
+def not_found(run_id: str) -> JSONResponse:
+    return JSONResponse({"error": "run not found", "run_id": run_id}, status_code=404)
+
+
+def _parse_time(value: str | None) -> int | None:
+    """Epoch seconds, or ISO 8601, or relative ('2h' = two hours ago) -> epoch ns."""
+    if value is None or value == "":
+        return None
+    try:
+        return int(float(value) * 1e9)
+    except ValueError:
+        pass
+    rel = _DURATION.match(value)
+    if rel and rel.group(2):
+        secs = parse_retention(value) or 0.0
+        return int((time.time() - secs) * 1e9)
+    try:
+        when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"invalid time {value!r}: use epoch seconds, ISO 8601 or e.g. 2h") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return int(when.timestamp() * 1e9)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    counters = metrics.Counters()
+    db = settings.db if settings.db is not None else default_db_path()
+    store = Store(db, queue_max_spans=settings.queue_max_spans, on_stored=counters.add_ingested)
+    cache = ModelCache(store, settings.live_model_ttl_s)
+    watcher = (
+        JournalWatcher(Path(settings.journal_dir), store, settings.poll_s, settings.retention_s)
+        if settings.journal_dir
+        else None
+    )
+    templates = Environment(
+        loader=FileSystemLoader(str(HERE / "templates")),
+        autoescape=select_autoescape(["html", "xml", "j2"], default_for_string=True, default=True),
+    )
+    templates.globals["phase_colors"] = PHASE_COLORS
+    templates.filters["utc"] = lambda secs: dt.datetime.fromtimestamp(float(secs), dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    stop_maintenance = threading.Event()
+
+    def maintenance() -> None:
+        while not stop_maintenance.wait(60.0):
+            if settings.retention_s is not None:
+                with contextlib.suppress(Exception):
+                    cache.forget(store.expire(settings.retention_s))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.start_background:
+            store.start()
+            if settings.retention_s is not None:
+                cache.forget(store.expire(settings.retention_s))
+            if watcher is not None:
+                watcher.start()
+            threading.Thread(target=maintenance, name="starttrace-maintenance", daemon=True).start()
+        try:
+            yield
+        finally:
+            stop_maintenance.set()
+            if watcher is not None:
+                watcher.stop()
+            store.stop()
+
+    app = FastAPI(
+        title="starttrace",
+        version="0.1.0",
+        description="Startup waterfalls of multi-process Python servers (OTLP receiver + journal reader).",
+        lifespan=lifespan,
+    )
+    app.state.store = store
+    app.state.cache = cache
+    app.state.counters = counters
+    app.state.watcher = watcher
+    app.state.settings = settings
+    app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
+
+    def render(name: str, **ctx: Any) -> HTMLResponse:
+        return HTMLResponse(templates.get_template(name).render(**ctx))
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "queued_spans": store.queued_spans,
+            "store_errors": store.errors[-5:],
+            "journal_errors": watcher.errors[-5:] if watcher else [],
+        }
+
+    @app.post(
+        "/v1/traces",
+        responses={
+            200: {"description": "ExportTraceServiceResponse (partial_success when spans were rejected)"},
+            400: {"description": "google.rpc.Status: undecodable request"},
+            413: {"description": "google.rpc.Status: body too large after decompression"},
+            415: {"description": "unsupported content type"},
+            429: {"description": "ingest queue full; Retry-After"},
+        },
+    )
+    async def traces(request: Request) -> Response:
+        """OTLP/HTTP trace export (application/x-protobuf or application/json, optionally gzip)."""
+        return await handle_traces(
+            request, store, settings.max_body_bytes, counters.add_request, settings.retry_after_s
+        )
+
+    @app.get("/runs")
+    def runs(
+        request: Request,
+        service: str | None = Query(None, description="only runs of this service.name"),
+        since: str | None = Query(None, description="epoch seconds, ISO 8601, or relative (2h)"),
+        until: str | None = Query(None, description="epoch seconds, ISO 8601, or relative (2h)"),
+        limit: int = Query(100, ge=1, le=10000),
+    ) -> Response:
+        try:
+            since_ns, until_ns = _parse_time(since), _parse_time(until)
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        rows = store.list_runs(service=service, since_ns=since_ns, until_ns=until_ns, limit=limit)
+        if wants_html(request):
+            return render("runs.html", runs=rows, service=service)
+        return JSONResponse({"runs": rows})
+
+    def _startup(request: Request, run_id: str) -> Response:
+        if wants_html(request):
+            model = cache.model(run_id)
+            if model is None:
+                return not_found(run_id)
+            data = to_json(model, include_spans=False)
+            return render("startup.html", run=data, model=model, phase_colors=PHASE_COLORS)
+        body = cache.json_bytes(run_id)
+        if body is None:
+            return not_found(run_id)
+        return Response(body, media_type="application/json")
+
+    @app.get("/startup")
+    def startup_latest(request: Request) -> Response:
+        """The newest run (JSON; HTML when the client prefers text/html)."""
+        run_id = store.latest_run_id()
+        if run_id is None:
+            return JSONResponse({"error": "no runs yet"}, status_code=404)
+        return _startup(request, run_id)
+
+    @app.get("/startup/{run_id}")
+    def startup(request: Request, run_id: str) -> Response:
+        """One run's waterfall model (JSON; HTML when the client prefers text/html)."""
+        return _startup(request, run_id)
+
+    @app.get("/runs/{run_id}/export")
+    def export(run_id: str, format: str = Query("perfetto", pattern="^(perfetto|jaeger|otlp-json)$")) -> Response:
+        model = cache.model(run_id)
+        if model is None:
+            return not_found(run_id)
+        data = exports.export(model, format)
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
+        return Response(
+            json.dumps(data, separators=(",", ":"), default=str),
+            media_type="application/json",
+            headers={"Content-Disposition": f'attachment; filename="{safe}.{format}.json"'},
+        )
+
+    @app.get("/compare")
+    def compare_runs(request: Request, a: str = Query(...), b: str = Query(...)) -> Response:
+        """Run A vs run B: per phase, per rank, per module."""
+        ma = cache.model(a)
+        if ma is None:
+            return not_found(a)
+        mb = cache.model(b)
+        if mb is None:
+            return not_found(b)
+        cmp = compare(ma, mb).to_json()
+        if wants_html(request):
+            return render("compare.html", cmp=cmp)
+        return JSONResponse(cmp)
+
+    @app.get("/metrics")
+    def metrics_endpoint() -> Response:
+        def models() -> list[RunModel]:
+            out = []
+            for rid in store.newest_run_ids(metrics.METRIC_RUNS):
+                m = cache.model(rid)
+                if m is not None:
+                    out.append(m)
+            return out
+
+        return Response(metrics.render(counters, models), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    if settings.token:
+        app.add_middleware(TokenAuth, token=settings.token)  # type: ignore[arg-type]
+    return app

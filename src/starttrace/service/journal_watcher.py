@@ -1,0 +1,174 @@
+"""Watch a journal root (`ROOT/<run_id>/*.jsonl`) and feed new runs and new lines into the store.
+
+Every `poll_s` the watcher stats the files of each run folder; a run whose files did not change
+costs one `stat` per file. A changed run is re-read with `starttrace.reader.read_run` (the reader
+resolves cross-process links, so a run is read as a whole), and only the spans that are new or
+changed since the last read (ended, new attributes, re-parented) are written to the store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from starttrace.service.store import IngestBatch, ProcessBatch, RunMeta, SpanTuple, Store
+
+log = logging.getLogger("starttrace.service")
+
+Signature = tuple[tuple[str, int, int], ...]
+
+
+def _signature(run_dir: Path) -> Signature:
+    out = []
+    try:
+        with os.scandir(run_dir) as it:
+            for entry in it:
+                if entry.name.endswith(".jsonl") or entry.name == "run.json":
+                    try:
+                        st = entry.stat()
+                    except OSError:
+                        continue
+                    out.append((entry.name, st.st_size, st.st_mtime_ns))
+    except OSError:
+        return ()
+    return tuple(sorted(out))
+
+
+class JournalWatcher:
+    def __init__(
+        self,
+        root: Path,
+        store: Store,
+        poll_s: float = 1.0,
+        retention_s: float | None = None,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        self.root = Path(root)
+        self.store = store
+        self.poll_s = poll_s
+        self.retention_s = retention_s
+        self.on_error = on_error
+        self._signatures: dict[str, Signature] = {}
+        self._sent: dict[str, dict[str, tuple[Any, ...]]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.errors: list[str] = []
+        self.scans = 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="starttrace-journal-watcher", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.scan()
+            except Exception as exc:  # never let the watcher die
+                self._error(f"journal scan failed: {type(exc).__name__}: {exc}")
+            self._stop.wait(self.poll_s)
+
+    def _error(self, msg: str) -> None:
+        if msg not in self.errors:
+            self.errors.append(msg)
+            del self.errors[:-20]
+            log.warning("%s", msg)
+        if self.on_error is not None:
+            self.on_error(msg)
+
+    def scan(self) -> int:
+        """One pass over the root; returns the number of runs (re)read."""
+        from starttrace.reader import ReaderError, list_run_dirs, read_run
+
+        self.scans += 1
+        changed = 0
+        cutoff = None if self.retention_s is None else time.time() - self.retention_s
+        for run_dir in list_run_dirs(self.root):
+            sig = _signature(run_dir)
+            key = str(run_dir)
+            if self._signatures.get(key) == sig:
+                continue
+            if cutoff is not None and sig and max(m for _, _, m in sig) / 1e9 < cutoff:
+                self._signatures[key] = sig
+                continue
+            try:
+                run = read_run(run_dir)
+            except ReaderError as exc:
+                self._error(f"{run_dir.name}: {exc}")
+                self._signatures[key] = sig
+                continue
+            self._signatures[key] = sig
+            self.store.submit(self._batch(run), block=True)
+            changed += 1
+        return changed
+
+    def _batch(self, run: Any) -> IngestBatch:
+        sent = self._sent.setdefault(run.run_id, {})
+        dumps = json.dumps
+        processes: list[ProcessBatch] = []
+        trace_id = run.trace_id or run.run_id
+        roots = [p for p in run.processes if p.resource.get("starttrace.start_method") == "root"]
+        root_proc = (roots or run.processes)[0] if run.processes else None
+        for p in run.processes:
+            rows: list[SpanTuple] = []
+            spans = list(p.spans)
+            if p is root_proc:
+                spans += list(run.root_spans)
+            for sp in spans:
+                attrs_json = dumps(sp.attrs, separators=(",", ":"), default=str) if sp.attrs else None
+                sig = (sp.end_ns, sp.parent_id, sp.error, attrs_json)
+                if sent.get(sp.span_id) == sig:
+                    continue
+                sent[sp.span_id] = sig
+                rows.append(
+                    (
+                        trace_id,
+                        sp.span_id,
+                        sp.parent_id,
+                        sp.name,
+                        sp.start_ns,
+                        sp.end_ns,
+                        1 if sp.end_ns is None else 0,
+                        1 if sp.instant else 0,
+                        attrs_json,
+                        sp.error,
+                        sp.thread,
+                    )
+                )
+            processes.append(
+                ProcessBatch(
+                    source="journal",
+                    resource=dict(p.resource),
+                    spans=rows,
+                    run_id=run.run_id,
+                    lane_id=p.instance_id,
+                    info={
+                        "exited": bool(p.exited or getattr(p, "alive", None) is False),
+                        "exit_code": p.exit_code,
+                        "warnings": list(p.warnings),
+                        "preloaded": list(p.preloaded),
+                        "journal_path": str(p.journal_path),
+                    },
+                )
+            )
+        service = (run.meta or {}).get("service") if isinstance(run.meta, dict) else None
+        meta = RunMeta(
+            run_id=run.run_id,
+            trace_id=run.trace_id or None,
+            meta=dict(run.meta or {}),
+            problems=list(run.problems),
+            service=service if isinstance(service, str) else None,
+        )
+        return IngestBatch(processes=processes, runs=[meta], replace_problems=True)

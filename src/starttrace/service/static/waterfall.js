@@ -1,0 +1,582 @@
+/* starttrace waterfall: one canvas for all spans (no DOM node per span), DOM only for lane
+   labels, the tooltip and the lazily built import tree. Every text taken from span data is set
+   with textContent, never parsed as HTML. */
+(function () {
+  "use strict";
+
+  var PHASE_COLORS = {
+    interpreter: "#9aa5b1", "import": "#4e79a7", forkserver: "#b07aa1", forkserver_preload: "#d4a6c8",
+    launch: "#f28e2b", fork: "#ff9d9a", bootstrap: "#edc948", cuda_init: "#e15759", dist_init: "#76b7b2",
+    model_load: "#59a14f", compile: "#8cd17d", kv_cache: "#b6992d", cuda_graphs: "#499894",
+    ready: "#2ca02c", other: "#bab0ac"
+  };
+  var AXIS_H = 26, LANE_H = 26, ROW_H = 15, MAX_ROWS = 60;
+  var F_PROGRESS = 1, F_INSTANT = 2, F_ERROR = 4;
+  // row fields: [id, parent, name, phase, start_us, end_us, depth, flags, attrs]
+
+  var app = document.getElementById("app");
+  if (!app) { return; }
+  var jsonUrl = app.getAttribute("data-json-url");
+  var canvas = document.getElementById("wf-canvas");
+  var wrap = document.getElementById("canvas-wrap");
+  var labelsEl = document.getElementById("lane-labels");
+  var tooltip = document.getElementById("tooltip");
+  var ctx = canvas.getContext("2d");
+
+  var data = null, lanes = [], fetchedAt = 0, totalUs = 1;
+  var view = { t0: 0, t1: 1 }, userZoomed = false;
+  var expanded = {}, selectedLane = -1;
+  var drag = null, rafPending = false, refreshTimer = null, animTimer = null;
+
+  function phaseColor(phase) {
+    if (PHASE_COLORS[phase]) { return PHASE_COLORS[phase]; }
+    var h = 0;
+    for (var i = 0; i < phase.length; i++) { h = (h * 31 + phase.charCodeAt(i)) % 360; }
+    return "hsl(" + h + ",45%,58%)";
+  }
+
+  function fmtDur(us) {
+    if (us === null || us === undefined) { return "–"; }
+    if (us >= 1e6) { return (us / 1e6).toFixed(3) + " s"; }
+    if (us >= 1e3) { return (us / 1e3).toFixed(2) + " ms"; }
+    return Math.round(us) + " µs";
+  }
+
+  function nowUs() {
+    if (!data) { return 0; }
+    var base = (data.now_ns - data.start_ns) / 1000;
+    if (data.live) { base += (performance.now() - fetchedAt) * 1000; }
+    return base;
+  }
+
+  function spanEnd(s) {
+    if (s[5] !== null) { return s[5]; }
+    return data.live ? nowUs() : totalUs;
+  }
+
+  // ------------------------------------------------------------------ data preparation
+  function prepare(json) {
+    data = json;
+    fetchedAt = performance.now();
+    totalUs = Math.max(1, Math.round(json.duration_s * 1e6));
+    lanes = json.lanes.map(function (lane) {
+      var spans = lane.spans || [];
+      var procIdx = -1;
+      for (var i = 0; i < spans.length; i++) {
+        if (spans[i][3] === "process" && spans[i][1] === -1) { procIdx = i; break; }
+      }
+      var top = [], overlay = [], rows = [], base = null;
+      for (var j = 0; j < spans.length; j++) {
+        var s = spans[j];
+        if (j === procIdx || s[3] === "startup") { continue; }
+        var isTop = s[1] === -1 || s[1] === procIdx;
+        if (isTop) {
+          top.push(s);
+          if (base === null || s[6] < base) { base = s[6]; }
+        } else if (s[3] !== "import" && s[3] !== "other" && s[3] !== "interpreter") {
+          overlay.push(s);
+        }
+      }
+      if (base === null) { base = 0; }
+      for (var k = 0; k < spans.length; k++) {
+        var sp = spans[k];
+        if (k === procIdx || sp[3] === "startup") { continue; }
+        var d = sp[6] - base - 1;  // depth `base` is the lane's own row
+        if (d < 0) { continue; }
+        if (d >= MAX_ROWS) { d = MAX_ROWS - 1; }
+        while (rows.length <= d) { rows.push([]); }
+        rows[d].push(sp);
+      }
+      return { info: lane, spans: spans, proc: procIdx >= 0 ? spans[procIdx] : null,
+               top: top, overlay: overlay, rows: rows, y: 0, h: LANE_H };
+    });
+  }
+
+  function layout() {
+    var y = AXIS_H;
+    lanes.forEach(function (ln, i) {
+      ln.y = y;
+      ln.h = expanded[i] ? LANE_H + ln.rows.length * ROW_H + 4 : LANE_H;
+      y += ln.h;
+    });
+    return y + 8;
+  }
+
+  // ------------------------------------------------------------------ labels
+  function buildLabels() {
+    while (labelsEl.firstChild) { labelsEl.removeChild(labelsEl.firstChild); }
+    var spacer = document.createElement("div");
+    spacer.className = "axis-spacer";
+    spacer.style.height = AXIS_H + "px";
+    spacer.textContent = "process";
+    labelsEl.appendChild(spacer);
+    lanes.forEach(function (ln, i) {
+      var info = ln.info;
+      var el = document.createElement("div");
+      el.className = "lane-label role-" + String(info.role || "process").replace(/[^a-z_]/g, "");
+      if (expanded[i]) { el.className += " expanded"; }
+      el.setAttribute("data-lane", String(i));
+      el.setAttribute("data-role", String(info.role || ""));
+      el.setAttribute("data-rank", info.rank === null ? "" : String(info.rank));
+      el.setAttribute("data-pid", info.pid === null ? "" : String(info.pid));
+      el.style.height = ln.h + "px";
+      el.title = (info.command || info.label) + (info.start_method ? " [" + info.start_method + "]" : "");
+      var caret = document.createElement("span");
+      caret.className = "caret";
+      caret.textContent = expanded[i] ? "▾" : "▸";
+      var role = document.createElement("span");
+      role.className = "role";
+      role.textContent = info.role || "process";
+      var rest = document.createElement("span");
+      rest.className = "ids";
+      var parts = [];
+      if (info.rank !== null) { parts.push("rank " + info.rank); }
+      if (info.pid !== null) { parts.push("pid " + info.pid); }
+      rest.textContent = parts.join(" · ");
+      el.appendChild(caret);
+      el.appendChild(role);
+      el.appendChild(rest);
+      if (info.in_progress && info.in_progress.length > 1) { el.className += " has-progress"; }
+      el.addEventListener("click", function () { toggleLane(i); });
+      labelsEl.appendChild(el);
+    });
+  }
+
+  function toggleLane(i) {
+    expanded[i] = !expanded[i];
+    if (expanded[i]) { selectedLane = i; showTree(i); } else if (selectedLane === i) { hideTree(); }
+    resize();
+  }
+
+  // ------------------------------------------------------------------ drawing
+  function resize() {
+    var h = layout();
+    var w = Math.max(200, wrap.clientWidth);
+    var dpr = window.devicePixelRatio || 1;
+    canvas.width = Math.round(w * dpr);
+    canvas.height = Math.round(h * dpr);
+    canvas.style.width = w + "px";
+    canvas.style.height = h + "px";
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    buildLabels();
+    draw();
+  }
+
+  function requestDraw() {
+    if (rafPending) { return; }
+    rafPending = true;
+    window.requestAnimationFrame(function () { rafPending = false; draw(); });
+  }
+
+  function xOf(t, w) { return (t - view.t0) / (view.t1 - view.t0) * w; }
+
+  function niceStep(rangeUs, px) {
+    var target = rangeUs / Math.max(1, px / 110);
+    var p = Math.pow(10, Math.floor(Math.log10(target)));
+    var steps = [1, 2, 5, 10];
+    for (var i = 0; i < steps.length; i++) { if (p * steps[i] >= target) { return p * steps[i]; } }
+    return p * 10;
+  }
+
+  var stripe = null;
+  function progressPattern() {
+    if (stripe) { return stripe; }
+    var c = document.createElement("canvas");
+    c.width = 8; c.height = 8;
+    var g = c.getContext("2d");
+    g.strokeStyle = "rgba(255,255,255,0.55)";
+    g.lineWidth = 2;
+    g.beginPath(); g.moveTo(0, 8); g.lineTo(8, 0); g.stroke();
+    stripe = ctx.createPattern(c, "repeat");
+    return stripe;
+  }
+
+  function drawRow(list, y, h, w, t0, t1) {
+    var lastPx = -1;
+    for (var i = 0; i < list.length; i++) {
+      var s = list[i];
+      var st = s[4];
+      if (st > t1) { break; }
+      var en = spanEnd(s);
+      if (en < t0) { continue; }
+      var x0 = xOf(st, w), x1 = xOf(en, w);
+      if (s[7] & F_INSTANT) {
+        ctx.fillStyle = phaseColor(s[3]);
+        ctx.beginPath();
+        ctx.moveTo(x0, y); ctx.lineTo(x0 + 5, y + h / 2); ctx.lineTo(x0, y + h); ctx.lineTo(x0 - 5, y + h / 2);
+        ctx.fill();
+        continue;
+      }
+      var bw = x1 - x0;
+      if (bw < 1) {
+        var px = Math.floor(x0);
+        if (px <= lastPx) { continue; }
+        lastPx = px;
+        ctx.fillStyle = phaseColor(s[3]);
+        ctx.fillRect(px, y, 1, h);
+        continue;
+      }
+      lastPx = Math.floor(x1);
+      ctx.fillStyle = phaseColor(s[3]);
+      var cx0 = Math.max(x0, -2), cx1 = Math.min(x1, w + 2);
+      ctx.fillRect(cx0, y, cx1 - cx0, h);
+      if (s[7] & F_PROGRESS) {
+        ctx.fillStyle = progressPattern();
+        ctx.fillRect(cx0, y, cx1 - cx0, h);
+        ctx.fillStyle = "#d62728";
+        ctx.fillRect(cx1 - 2, y, 2, h);
+      }
+      if (s[7] & F_ERROR) {
+        ctx.strokeStyle = "#b00020"; ctx.lineWidth = 1.5;
+        ctx.strokeRect(cx0 + 0.5, y + 0.5, Math.max(1, cx1 - cx0 - 1), h - 1);
+      }
+      if (bw > 40 && h >= 12) {
+        ctx.save();
+        ctx.beginPath(); ctx.rect(cx0, y, cx1 - cx0, h); ctx.clip();
+        ctx.fillStyle = "#111";
+        ctx.font = "11px system-ui, sans-serif";
+        ctx.fillText(s[2], Math.max(cx0, 0) + 3, y + h - 4);
+        ctx.restore();
+      }
+    }
+  }
+
+  function draw() {
+    if (!data) { return; }
+    var w = canvas.width / (window.devicePixelRatio || 1);
+    var h = canvas.height / (window.devicePixelRatio || 1);
+    ctx.clearRect(0, 0, w, h);
+    var t0 = view.t0, t1 = view.t1;
+    // axis
+    ctx.fillStyle = "#f6f7f9";
+    ctx.fillRect(0, 0, w, AXIS_H);
+    var step = niceStep(t1 - t0, w);
+    ctx.font = "11px system-ui, sans-serif";
+    ctx.textBaseline = "alphabetic";
+    for (var t = Math.ceil(t0 / step) * step; t <= t1; t += step) {
+      var x = xOf(t, w);
+      ctx.fillStyle = "#e3e6ea";
+      ctx.fillRect(Math.round(x), AXIS_H, 1, h - AXIS_H);
+      ctx.fillStyle = "#444";
+      ctx.fillText(fmtDur(t), x + 3, AXIS_H - 8);
+    }
+    // lanes
+    lanes.forEach(function (ln, i) {
+      ctx.fillStyle = i % 2 ? "#fbfbfc" : "#ffffff";
+      ctx.fillRect(0, ln.y, w, ln.h);
+      ctx.fillStyle = "#e6e8eb";
+      ctx.fillRect(0, ln.y + ln.h - 1, w, 1);
+      if (ln.proc) {
+        var px0 = xOf(ln.proc[4], w), px1 = xOf(spanEnd(ln.proc), w);
+        ctx.fillStyle = "rgba(120,130,145,0.18)";
+        ctx.fillRect(px0, ln.y + 3, Math.max(1, px1 - px0), LANE_H - 6);
+      }
+      drawRow(ln.top, ln.y + 5, LANE_H - 10, w, t0, t1);
+      if (ln.overlay.length) { drawRow(ln.overlay, ln.y + LANE_H - 9, 5, w, t0, t1); }
+      if (expanded[i]) {
+        for (var r = 0; r < ln.rows.length; r++) {
+          drawRow(ln.rows[r], ln.y + LANE_H + r * ROW_H, ROW_H - 2, w, t0, t1);
+        }
+      }
+    });
+    // ready marker
+    if (data.ready_s !== null) {
+      var rx = xOf(data.ready_s * 1e6, w);
+      ctx.fillStyle = "#2ca02c";
+      ctx.fillRect(rx, AXIS_H, 2, h - AXIS_H);
+    }
+    if (data.live) {
+      var nx = xOf(nowUs(), w);
+      ctx.fillStyle = "rgba(214,39,40,0.6)";
+      ctx.fillRect(nx, AXIS_H, 1, h - AXIS_H);
+    }
+    var range = document.getElementById("view-range");
+    if (range) { range.textContent = fmtDur(t0) + " – " + fmtDur(t1); }
+    if (data.live && !animTimer) {
+      // in-progress spans keep growing
+      animTimer = window.setTimeout(function () { animTimer = null; requestDraw(); }, 250);
+    }
+  }
+
+  // ------------------------------------------------------------------ view
+  function resetView() {
+    var end = data && data.live ? Math.max(totalUs, nowUs()) : totalUs;
+    view.t0 = 0;
+    view.t1 = Math.max(10, end * 1.02);
+    userZoomed = false;
+  }
+
+  function zoom(factor, centerFrac) {
+    var span = view.t1 - view.t0;
+    var c = view.t0 + span * centerFrac;
+    var ns = Math.min(Math.max(span * factor, 10), Math.max(totalUs, nowUs()) * 50);
+    view.t0 = c - ns * centerFrac;
+    view.t1 = view.t0 + ns;
+    userZoomed = true;
+    requestDraw();
+  }
+
+  function locate(ev) {
+    var rect = canvas.getBoundingClientRect();
+    var x = ev.clientX - rect.left, y = ev.clientY - rect.top;
+    var w = rect.width;
+    var t = view.t0 + (x / w) * (view.t1 - view.t0);
+    var tol = 3 / w * (view.t1 - view.t0);
+    for (var i = 0; i < lanes.length; i++) {
+      var ln = lanes[i];
+      if (y < ln.y || y >= ln.y + ln.h) { continue; }
+      var list;
+      if (y < ln.y + LANE_H) {
+        list = ln.top;
+        var hit = findSpan(list, t, tol);
+        if (!hit && ln.overlay.length && y > ln.y + LANE_H - 10) { hit = findSpan(ln.overlay, t, tol); }
+        if (!hit && ln.proc) { hit = findSpan([ln.proc], t, 0); }
+        return { lane: i, span: hit, x: ev.clientX, y: ev.clientY };
+      }
+      var r = Math.floor((y - ln.y - LANE_H) / ROW_H);
+      list = ln.rows[r] || [];
+      return { lane: i, span: findSpan(list, t, tol), x: ev.clientX, y: ev.clientY };
+    }
+    return null;
+  }
+
+  function findSpan(list, t, tol) {
+    var lo = 0, hi = list.length - 1, idx = -1;
+    while (lo <= hi) {
+      var mid = (lo + hi) >> 1;
+      if (list[mid][4] <= t + tol) { idx = mid; lo = mid + 1; } else { hi = mid - 1; }
+    }
+    var best = null;
+    for (var k = idx, n = 0; k >= 0 && n < 64; k--, n++) {
+      var s = list[k];
+      if (spanEnd(s) + tol >= t) {
+        if (!best || (spanEnd(s) - s[4]) < (spanEnd(best) - best[4])) { best = s; }
+      }
+    }
+    return best;
+  }
+
+  function showTooltip(hit) {
+    if (!hit || !hit.span) { tooltip.hidden = true; return; }
+    var s = hit.span, info = lanes[hit.lane].info;
+    while (tooltip.firstChild) { tooltip.removeChild(tooltip.firstChild); }
+    function line(text, cls) {
+      var d = document.createElement("div");
+      if (cls) { d.className = cls; }
+      d.textContent = text;
+      tooltip.appendChild(d);
+    }
+    line(s[2], "tt-name");
+    line(info.label + " · phase " + s[3]);
+    var dur = spanEnd(s) - s[4];
+    if (s[7] & F_PROGRESS) {
+      line("in progress, open for " + fmtDur(dur), "tt-progress");
+    } else if (s[7] & F_INSTANT) {
+      line("at " + fmtDur(s[4]));
+    } else {
+      line(fmtDur(s[4]) + " → " + fmtDur(spanEnd(s)) + " (" + fmtDur(dur) + ")");
+    }
+    var attrs = s[8];
+    if (attrs) {
+      Object.keys(attrs).slice(0, 14).forEach(function (k) {
+        var v = attrs[k];
+        if (typeof v === "object") { v = JSON.stringify(v); }
+        var txt = String(v);
+        if (txt.length > 160) { txt = txt.slice(0, 157) + "…"; }
+        line(k + ": " + txt, k === "error" ? "tt-error" : "tt-attr");
+      });
+    }
+    tooltip.hidden = false;
+    var tx = hit.x + 14, ty = hit.y + 14;
+    var tw = tooltip.offsetWidth, th = tooltip.offsetHeight;
+    if (tx + tw > window.innerWidth - 8) { tx = hit.x - tw - 10; }
+    if (ty + th > window.innerHeight - 8) { ty = hit.y - th - 10; }
+    tooltip.style.left = (tx + window.scrollX) + "px";
+    tooltip.style.top = (ty + window.scrollY) + "px";
+  }
+
+  canvas.addEventListener("wheel", function (ev) {
+    ev.preventDefault();
+    var rect = canvas.getBoundingClientRect();
+    var frac = (ev.clientX - rect.left) / rect.width;
+    zoom(Math.exp(ev.deltaY * 0.0015), frac);
+  }, { passive: false });
+
+  canvas.addEventListener("mousedown", function (ev) {
+    drag = { x: ev.clientX, t0: view.t0, t1: view.t1, moved: false };
+  });
+  window.addEventListener("mousemove", function (ev) {
+    if (drag) {
+      var dx = ev.clientX - drag.x;
+      if (Math.abs(dx) > 3) { drag.moved = true; }
+      if (drag.moved) {
+        var w = canvas.getBoundingClientRect().width;
+        var dt = dx / w * (drag.t1 - drag.t0);
+        view.t0 = drag.t0 - dt; view.t1 = drag.t1 - dt;
+        userZoomed = true;
+        tooltip.hidden = true;
+        requestDraw();
+      }
+    }
+  });
+  window.addEventListener("mouseup", function (ev) {
+    if (drag && !drag.moved && ev.target === canvas) {
+      var hit = locate(ev);
+      if (hit) { toggleLane(hit.lane); }
+    }
+    drag = null;
+  });
+  canvas.addEventListener("mousemove", function (ev) {
+    if (drag && drag.moved) { return; }
+    showTooltip(locate(ev));
+  });
+  canvas.addEventListener("mouseleave", function () { tooltip.hidden = true; });
+
+  document.getElementById("zoom-in").addEventListener("click", function () { zoom(0.5, 0.5); });
+  document.getElementById("zoom-out").addEventListener("click", function () { zoom(2, 0.5); });
+  document.getElementById("zoom-reset").addEventListener("click", function () { resetView(); requestDraw(); });
+  document.getElementById("expand-all").addEventListener("click", function () {
+    var any = lanes.some(function (_, i) { return !expanded[i]; });
+    lanes.forEach(function (_, i) { expanded[i] = any; });
+    if (!any) { hideTree(); }
+    resize();
+  });
+  window.addEventListener("resize", function () { resize(); });
+
+  // ------------------------------------------------------------------ import tree
+  function hideTree() {
+    document.getElementById("import-tree").hidden = true;
+    selectedLane = -1;
+  }
+
+  function showTree(i) {
+    var ln = lanes[i];
+    var panel = document.getElementById("import-tree");
+    var root = document.getElementById("tree-root");
+    document.getElementById("tree-title").textContent = ln.info.label;
+    while (root.firstChild) { root.removeChild(root.firstChild); }
+    var spans = ln.spans;
+    var children = {};
+    var roots = [];
+    for (var k = 0; k < spans.length; k++) {
+      var s = spans[k];
+      if (s[3] !== "import") { continue; }
+      var p = s[1];
+      if (p >= 0 && spans[p] && spans[p][3] === "import") {
+        (children[p] = children[p] || []).push(k);
+      } else {
+        roots.push(k);
+      }
+    }
+    function dur(k) { return spanEnd(spans[k]) - spans[k][4]; }
+    function selfUs(k) {
+      var a = spans[k][8];
+      if (a && typeof a["starttrace.import.self_us"] === "number") { return a["starttrace.import.self_us"]; }
+      var c = children[k] || [], sum = 0;
+      for (var j = 0; j < c.length; j++) { sum += dur(c[j]); }
+      return Math.max(0, dur(k) - sum);
+    }
+    function byDur(a, b) { return dur(b) - dur(a); }
+    function render(list, container) {
+      list.sort(byDur);
+      var limit = 200;
+      list.slice(0, limit).forEach(function (k) {
+        var kids = children[k] || [];
+        var name = spans[k][2].indexOf("import ") === 0 ? spans[k][2].slice(7) : spans[k][2];
+        var text = name + " — " + fmtDur(dur(k)) + " (self " + fmtDur(selfUs(k)) + ")";
+        if (spans[k][7] & F_PROGRESS) { text += " · in progress"; }
+        if (kids.length) {
+          var det = document.createElement("details");
+          det.className = "tree-node";
+          det.setAttribute("data-span", String(spans[k][0]));
+          var sum = document.createElement("summary");
+          sum.textContent = text + " · " + kids.length + " imports";
+          det.appendChild(sum);
+          var filled = false;
+          det.addEventListener("toggle", function () {
+            if (det.open && !filled) {
+              filled = true;
+              var box = document.createElement("div");
+              box.className = "tree-children";
+              render(kids.slice(), box);
+              det.appendChild(box);
+            }
+          });
+          container.appendChild(det);
+        } else {
+          var leaf = document.createElement("div");
+          leaf.className = "tree-leaf";
+          leaf.setAttribute("data-span", String(spans[k][0]));
+          leaf.textContent = text;
+          container.appendChild(leaf);
+        }
+      });
+      if (list.length > limit) {
+        var more = document.createElement("div");
+        more.className = "muted";
+        more.textContent = "… " + (list.length - limit) + " more";
+        container.appendChild(more);
+      }
+    }
+    if (!roots.length) {
+      var none = document.createElement("p");
+      none.className = "muted";
+      none.textContent = "No import spans in this process.";
+      root.appendChild(none);
+    } else {
+      render(roots, root);
+    }
+    panel.hidden = false;
+  }
+
+  // ------------------------------------------------------------------ loading and live refresh
+  function load(first) {
+    return fetch(jsonUrl, { headers: { Accept: "application/json" }, credentials: "same-origin" })
+      .then(function (r) {
+        if (!r.ok) { throw new Error("HTTP " + r.status); }
+        return r.json();
+      })
+      .then(function (json) {
+        prepare(json);
+        if (first || !userZoomed) { resetView(); }
+        resize();
+        if (selectedLane >= 0 && selectedLane < lanes.length && !first) { showTree(selectedLane); }
+        var ind = document.getElementById("live-indicator");
+        ind.hidden = !json.live;
+        var st = document.getElementById("run-status");
+        if (st) { st.textContent = json.status; st.className = "badge status-" + json.status; }
+        var ss = document.getElementById("startup-s");
+        if (ss) { ss.textContent = json.startup_s.toFixed(3) + " s"; }
+        document.body.setAttribute("data-loaded", "true");
+        if (json.live) { schedule(); } else if (!first) { refreshPanels(); }
+      })
+      .catch(function (err) {
+        var range = document.getElementById("view-range");
+        if (range) { range.textContent = "could not load the run: " + err.message; }
+        if (data && data.live) { schedule(); }
+      });
+  }
+
+  function refreshPanels() {
+    return fetch(window.location.pathname + "?format=html", { headers: { Accept: "text/html" }, credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) {
+        if (!html) { return; }
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        var fresh = doc.getElementById("panels");
+        var old = document.getElementById("panels");
+        if (fresh && old) { old.replaceWith(document.importNode(fresh, true)); }
+      })
+      .catch(function () { /* keep the old panels */ });
+  }
+
+  function schedule() {
+    if (refreshTimer) { window.clearTimeout(refreshTimer); }
+    refreshTimer = window.setTimeout(function () {
+      refreshTimer = null;
+      load(false).then(function () { if (data && data.live) { refreshPanels(); } });
+    }, 2000);
+  }
+
+  load(true);
+})();

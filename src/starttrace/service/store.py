@@ -1,0 +1,636 @@
+"""SQLite store for runs, processes (lanes) and spans.
+
+One writer thread owns the write connection and drains a bounded ingest queue (OTLP requests and
+journal updates both go through it); readers use one connection per thread (WAL lets them read
+while the writer writes). Every SQL statement takes its values as parameters.
+
+A span is unique by (trace_id, span_id) (a unique index; rows are appended in arrival order):
+the same span arriving twice (twice the same OTLP batch, or through the journal and through an
+exporter) is stored once. A span still in progress is replaced when it arrives again, ended; an
+ended span is never replaced by an in-progress copy of itself.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    trace_id TEXT,
+    service TEXT,
+    source TEXT,
+    first_ns INTEGER,
+    last_ns INTEGER,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    version INTEGER NOT NULL DEFAULT 0,
+    meta TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_trace ON runs(trace_id);
+CREATE INDEX IF NOT EXISTS runs_first ON runs(first_ns);
+CREATE TABLE IF NOT EXISTS processes (
+    run_id TEXT NOT NULL,
+    lane_id TEXT NOT NULL,
+    pid INTEGER,
+    ppid INTEGER,
+    service TEXT,
+    role TEXT,
+    rank INTEGER,
+    start_method TEXT,
+    resource TEXT,
+    source TEXT,
+    exited INTEGER,
+    exit_code INTEGER,
+    warnings TEXT,
+    preloaded TEXT,
+    journal_path TEXT,
+    PRIMARY KEY (run_id, lane_id)
+);
+CREATE TABLE IF NOT EXISTS spans (
+    seq INTEGER PRIMARY KEY,
+    trace_id TEXT NOT NULL,
+    span_id TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    lane_id TEXT NOT NULL,
+    parent_id TEXT,
+    name TEXT NOT NULL,
+    start_ns INTEGER NOT NULL,
+    end_ns INTEGER,
+    in_progress INTEGER NOT NULL,
+    instant INTEGER NOT NULL,
+    attrs TEXT,
+    error TEXT,
+    thread INTEGER,
+    source TEXT
+);
+CREATE UNIQUE INDEX IF NOT EXISTS spans_key ON spans(span_id, trace_id);
+CREATE INDEX IF NOT EXISTS spans_run ON spans(run_id);
+CREATE TABLE IF NOT EXISTS problems (
+    run_id TEXT NOT NULL,
+    message TEXT NOT NULL,
+    PRIMARY KEY (run_id, message)
+);
+"""
+
+# (trace_id, span_id, parent_id, name, start_ns, end_ns, in_progress, instant, attrs_json, error, thread)
+SpanTuple = tuple[str, str, "str | None", str, int, "int | None", int, int, "str | None", "str | None", "int | None"]
+
+
+@dataclass
+class ProcessBatch:
+    """Spans of one process (one OTLP ResourceSpans, or one journal file)."""
+
+    source: str  # "otlp" | "journal"
+    resource: dict[str, Any]
+    spans: list[SpanTuple]
+    run_id: str | None = None  # None: resolved from the resource, else from the trace id
+    lane_id: str | None = None  # None: service.instance.id, else pid, else service name
+    info: dict[str, Any] = field(default_factory=dict)  # exited, exit_code, warnings, preloaded, journal_path
+
+
+@dataclass
+class RunMeta:
+    run_id: str
+    trace_id: str | None
+    meta: dict[str, Any]
+    problems: list[str]
+    service: str | None = None
+
+
+@dataclass
+class IngestBatch:
+    processes: list[ProcessBatch]
+    runs: list[RunMeta] = field(default_factory=list)
+    replace_problems: bool = False
+    done: threading.Event | None = None
+
+    def span_count(self) -> int:
+        return sum(len(p.spans) for p in self.processes)
+
+
+@dataclass
+class RunRows:
+    """Everything stored about one run, as read back for analysis."""
+
+    run_id: str
+    trace_id: str | None
+    service: str | None
+    source: str | None
+    version: int
+    updated_at: float
+    meta: dict[str, Any]
+    problems: list[str]
+    processes: list[dict[str, Any]]
+    spans: list[tuple[Any, ...]]  # SPAN_COLUMNS order
+
+
+SPAN_COLUMNS = (
+    "trace_id",
+    "span_id",
+    "lane_id",
+    "parent_id",
+    "name",
+    "start_ns",
+    "end_ns",
+    "in_progress",
+    "instant",
+    "attrs",
+    "error",
+    "thread",
+)
+
+
+SPAN_UPSERT = (
+    "INSERT INTO spans(trace_id, span_id, run_id, lane_id, parent_id, name, start_ns, end_ns,"
+    " in_progress, instant, attrs, error, thread, source) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    " ON CONFLICT(span_id, trace_id) DO UPDATE SET"
+    " end_ns = excluded.end_ns, in_progress = excluded.in_progress, attrs = excluded.attrs,"
+    " error = excluded.error, name = excluded.name, parent_id = excluded.parent_id"
+    " WHERE spans.in_progress = 1 OR (excluded.in_progress = 0 AND"
+    "   (spans.attrs IS NOT excluded.attrs OR spans.end_ns IS NOT excluded.end_ns))"
+)
+
+
+def _span_key(row: tuple[Any, ...]) -> str:
+    return row[1]  # span_id: the first column of the unique index
+
+
+class StoreSaturated(Exception):
+    """The ingest queue is full: the client should retry later."""
+
+
+def _int_or_none(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+class Store:
+    def __init__(
+        self,
+        path: Path | str,
+        queue_max_spans: int = 400_000,
+        on_stored: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self.queue_max_spans = queue_max_spans
+        self.on_stored = on_stored
+        self._queue: queue.Queue[IngestBatch | None] = queue.Queue()
+        self._queued_spans = 0
+        self._queued_lock = threading.Lock()
+        self.write_lock = threading.Lock()  # held by the writer while it writes (tests hold it to stall it)
+        self._local = threading.local()
+        self._versions: dict[str, int] = {}
+        self._trace_runs: dict[str, str] = {}
+        self._writer_conn = self._connect()
+        self._writer_conn.executescript(SCHEMA)
+        for trace_id, run_id in self._writer_conn.execute("SELECT trace_id, run_id FROM runs"):
+            if trace_id:
+                self._trace_runs.setdefault(trace_id, run_id)
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.errors: list[str] = []
+
+    # connections ---------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("PRAGMA cache_size=-131072")
+        conn.execute("PRAGMA wal_autocheckpoint=8192")
+        conn.execute("PRAGMA busy_timeout=30000")
+        return conn
+
+    def _reader(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            self._local.conn = conn
+        return conn
+
+    # lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run_writer, name="starttrace-store-writer", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Drain the queue, then stop the writer thread."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout)
+            self._thread = None
+
+    def close(self) -> None:
+        self.stop()
+        self._writer_conn.close()
+
+    # ingest --------------------------------------------------------------------------------
+    @property
+    def queued_spans(self) -> int:
+        return self._queued_spans
+
+    def submit(self, batch: IngestBatch, block: bool = False) -> None:
+        """Queue a batch for the writer. Raises StoreSaturated when the queue is full (unless
+        `block`, used by the journal watcher, which may simply wait). A batch larger than the whole
+        queue is accepted when the queue is empty, so no request is refused forever."""
+        n = batch.span_count()
+        while True:
+            with self._queued_lock:
+                if self._queued_spans == 0 or self._queued_spans + n <= self.queue_max_spans:
+                    self._queued_spans += n
+                    break
+            if not block:
+                raise StoreSaturated()
+            time.sleep(0.05)
+        if self._thread is None:  # no writer thread (tests, one-shot use): write synchronously
+            self._write_batches([batch])
+            return
+        self._queue.put(batch)
+
+    def ingest_now(self, batch: IngestBatch) -> None:
+        """Write a batch synchronously (tests, CLI)."""
+        with self._queued_lock:
+            self._queued_spans += batch.span_count()
+        self._write_batches([batch])
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until everything queued so far is written."""
+        if self._thread is None:
+            return True
+        event = threading.Event()
+        self._queue.put(IngestBatch(processes=[], done=event))
+        return event.wait(timeout)
+
+    def _run_writer(self) -> None:
+        while True:
+            item = self._queue.get()
+            batches: list[IngestBatch] = []
+            stop = item is None
+            if item is not None:
+                batches.append(item)
+            # coalesce what is already waiting into one transaction
+            while not stop and len(batches) < 256:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                else:
+                    batches.append(nxt)
+            if batches:
+                try:
+                    self._write_batches(batches)
+                except Exception as exc:  # keep the writer alive; report through /healthz
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                    del self.errors[:-20]
+                    with self._queued_lock:
+                        self._queued_spans = max(0, self._queued_spans - sum(b.span_count() for b in batches))
+                for b in batches:
+                    if b.done is not None:
+                        b.done.set()
+            if stop:
+                return
+
+    def _resolve_run(self, conn: sqlite3.Connection, run_id: str, trace_id: str | None) -> None:
+        """Remember trace -> run, and merge a run that was filed under the bare trace id."""
+        if not trace_id:
+            return
+        known = self._trace_runs.get(trace_id)
+        if known == run_id:
+            return
+        if known is None:
+            self._trace_runs[trace_id] = run_id
+            return
+        if known == trace_id and run_id != trace_id:
+            # spans without starttrace.run_id (e.g. vLLM's own) arrived first: move them over
+            conn.execute("UPDATE OR IGNORE spans SET run_id = ? WHERE run_id = ?", (run_id, known))
+            conn.execute("DELETE FROM spans WHERE run_id = ?", (known,))
+            conn.execute("UPDATE OR IGNORE processes SET run_id = ? WHERE run_id = ?", (run_id, known))
+            conn.execute("DELETE FROM processes WHERE run_id = ?", (known,))
+            conn.execute("DELETE FROM runs WHERE run_id = ?", (known,))
+            self._versions.pop(known, None)
+            self._trace_runs[trace_id] = run_id
+
+    def _write_batches(self, batches: list[IngestBatch]) -> None:
+        conn = self._writer_conn
+        now = time.time()
+        stored: dict[str, int] = {}
+        touched: dict[str, list[Any]] = {}  # run_id -> [trace_id, service, source, first, last]
+        pending: list[tuple[Any, ...]] = []
+        with self.write_lock:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for batch in batches:
+                    for meta in batch.runs:
+                        self._resolve_run(conn, meta.run_id, meta.trace_id)
+                        conn.execute(
+                            "INSERT INTO runs(run_id, trace_id, service, source, created_at, updated_at, meta)"
+                            " VALUES (?,?,?,?,?,?,?) ON CONFLICT(run_id) DO UPDATE SET"
+                            " trace_id = COALESCE(runs.trace_id, excluded.trace_id),"
+                            " service = COALESCE(excluded.service, runs.service),"
+                            " meta = excluded.meta, updated_at = excluded.updated_at",
+                            (meta.run_id, meta.trace_id, meta.service, "journal", now, now, json.dumps(meta.meta)),
+                        )
+                        if batch.replace_problems:
+                            conn.execute("DELETE FROM problems WHERE run_id = ?", (meta.run_id,))
+                        conn.executemany(
+                            "INSERT OR IGNORE INTO problems(run_id, message) VALUES (?, ?)",
+                            [(meta.run_id, p) for p in meta.problems],
+                        )
+                        touched.setdefault(meta.run_id, [meta.trace_id, meta.service, "journal", None, None])
+                    for proc in batch.processes:
+                        self._write_process(conn, proc, touched, stored, pending)
+                if pending:
+                    # one statement for the whole transaction, in key order: neighbouring inserts
+                    # touch neighbouring pages of the unique index (stable sort: arrival order kept)
+                    pending.sort(key=_span_key)
+                    conn.executemany(SPAN_UPSERT, pending)
+                for run_id, (trace_id, service, source, first, last) in touched.items():
+                    conn.execute(
+                        "INSERT INTO runs(run_id, trace_id, service, source, first_ns, last_ns, created_at,"
+                        " updated_at, version) VALUES (?,?,?,?,?,?,?,?,1) ON CONFLICT(run_id) DO UPDATE SET"
+                        " trace_id = COALESCE(runs.trace_id, excluded.trace_id),"
+                        " service = COALESCE(runs.service, excluded.service),"
+                        " source = CASE WHEN runs.source IS NULL OR runs.source = excluded.source"
+                        "   THEN excluded.source ELSE 'mixed' END,"
+                        " first_ns = MIN(COALESCE(runs.first_ns, excluded.first_ns),"
+                        "   COALESCE(excluded.first_ns, runs.first_ns)),"
+                        " last_ns = MAX(COALESCE(runs.last_ns, excluded.last_ns),"
+                        "   COALESCE(excluded.last_ns, runs.last_ns)),"
+                        " updated_at = excluded.updated_at, version = runs.version + 1",
+                        (run_id, trace_id, service, source, first, last, now, now),
+                    )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            finally:
+                with self._queued_lock:
+                    self._queued_spans = max(0, self._queued_spans - sum(b.span_count() for b in batches))
+        for run_id in touched:
+            self._versions[run_id] = self._versions.get(run_id, 0) + 1
+        if self.on_stored is not None:
+            for source, n in stored.items():
+                self.on_stored(source, n)
+
+    def _lane_for(self, conn: sqlite3.Connection, run_id: str, proc: ProcessBatch) -> str:
+        if proc.lane_id:
+            return proc.lane_id
+        res = proc.resource
+        iid = res.get("service.instance.id")
+        if iid not in (None, ""):
+            return str(iid)
+        pid = _int_or_none(res.get("process.pid"))
+        if pid is not None:
+            row = conn.execute(
+                "SELECT lane_id FROM processes WHERE run_id = ? AND pid = ? LIMIT 1", (run_id, pid)
+            ).fetchone()
+            return str(row[0]) if row else f"pid:{pid}"
+        return "service:" + str(res.get("service.name") or "unknown")
+
+    def _write_process(
+        self,
+        conn: sqlite3.Connection,
+        proc: ProcessBatch,
+        touched: dict[str, list[Any]],
+        stored: dict[str, int],
+        pending: list[tuple[Any, ...]],
+    ) -> None:
+        res = proc.resource
+        # group the spans by run: the resource's run id, else the run that owns the trace id
+        by_run: dict[str, list[SpanTuple]] = {}
+        fixed = proc.run_id or res.get("starttrace.run_id")
+        if fixed:
+            fixed = str(fixed)
+            for sp in proc.spans:
+                self._resolve_run(conn, fixed, sp[0])
+            by_run[fixed] = proc.spans
+        else:
+            for sp in proc.spans:
+                rid = self._trace_runs.get(sp[0])
+                if rid is None:
+                    rid = sp[0]
+                    self._trace_runs[sp[0]] = rid
+                by_run.setdefault(rid, []).append(sp)
+        if not by_run and fixed is None:
+            return
+        if not by_run and fixed:
+            by_run[fixed] = []
+        service = res.get("service.name")
+        info = proc.info
+        for run_id, spans in by_run.items():
+            lane = self._lane_for(conn, run_id, proc)
+            conn.execute(
+                "INSERT INTO processes(run_id, lane_id, pid, ppid, service, role, rank, start_method, resource,"
+                " source, exited, exit_code, warnings, preloaded, journal_path) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+                " ON CONFLICT(run_id, lane_id) DO UPDATE SET"
+                " pid = COALESCE(excluded.pid, processes.pid), ppid = COALESCE(excluded.ppid, processes.ppid),"
+                " service = COALESCE(excluded.service, processes.service),"
+                " role = COALESCE(excluded.role, processes.role), rank = COALESCE(excluded.rank, processes.rank),"
+                " start_method = COALESCE(excluded.start_method, processes.start_method),"
+                " resource = excluded.resource,"
+                " exited = COALESCE(excluded.exited, processes.exited),"
+                " exit_code = COALESCE(excluded.exit_code, processes.exit_code),"
+                " warnings = COALESCE(excluded.warnings, processes.warnings),"
+                " preloaded = COALESCE(excluded.preloaded, processes.preloaded),"
+                " journal_path = COALESCE(excluded.journal_path, processes.journal_path)",
+                (
+                    run_id,
+                    lane,
+                    _int_or_none(res.get("process.pid")),
+                    _int_or_none(res.get("process.parent_pid")),
+                    service,
+                    res.get("starttrace.role"),
+                    _int_or_none(res.get("starttrace.rank")),
+                    res.get("starttrace.start_method"),
+                    json.dumps(res, default=str),
+                    proc.source,
+                    None if info.get("exited") is None else int(bool(info.get("exited"))),
+                    _int_or_none(info.get("exit_code")),
+                    json.dumps(info["warnings"]) if info.get("warnings") else None,
+                    json.dumps(info["preloaded"]) if info.get("preloaded") else None,
+                    info.get("journal_path"),
+                ),
+            )
+            if spans:
+                pending.extend(
+                    (s[0], s[1], run_id, lane, s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], proc.source)
+                    for s in spans
+                )
+                first = min(s[4] for s in spans)
+                last = max(s[5] if s[5] is not None else s[4] for s in spans)
+            else:
+                first = last = None
+            t = touched.get(run_id)
+            trace_id = spans[0][0] if spans else None
+            if t is None:
+                touched[run_id] = [trace_id, service, proc.source, first, last]
+            else:
+                t[0] = t[0] or trace_id
+                t[1] = t[1] or service
+                if first is not None:
+                    t[3] = first if t[3] is None else min(t[3], first)
+                    t[4] = last if t[4] is None else max(t[4], last)
+            stored[proc.source] = stored.get(proc.source, 0) + len(spans)
+
+    # reads ---------------------------------------------------------------------------------
+    def run_version(self, run_id: str) -> int | None:
+        row = self._reader().execute("SELECT version FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return None if row is None else int(row[0])
+
+    def latest_run_id(self) -> str | None:
+        row = (
+            self._reader()
+            .execute("SELECT run_id FROM runs ORDER BY COALESCE(first_ns, 0) DESC, created_at DESC LIMIT 1")
+            .fetchone()
+        )
+        return None if row is None else str(row[0])
+
+    def list_runs(
+        self,
+        service: str | None = None,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        sql = (
+            "SELECT r.run_id, r.trace_id, r.service, r.source, r.first_ns, r.last_ns, r.updated_at, r.version,"
+            " (SELECT COUNT(*) FROM processes p WHERE p.run_id = r.run_id),"
+            " (SELECT COUNT(*) FROM spans s WHERE s.run_id = r.run_id) FROM runs r WHERE 1 = 1"
+        )
+        params: list[Any] = []
+        if service is not None:
+            sql += (
+                " AND (r.service = ? OR EXISTS (SELECT 1 FROM processes p WHERE p.run_id = r.run_id AND p.service = ?))"
+            )
+            params += [service, service]
+        if since_ns is not None:
+            sql += " AND r.first_ns >= ?"
+            params.append(since_ns)
+        if until_ns is not None:
+            sql += " AND r.first_ns <= ?"
+            params.append(until_ns)
+        sql += " ORDER BY COALESCE(r.first_ns, 0) DESC, r.created_at DESC LIMIT ?"
+        params.append(limit)
+        out = []
+        for row in self._reader().execute(sql, params):
+            out.append(
+                {
+                    "run_id": row[0],
+                    "trace_id": row[1],
+                    "service": row[2],
+                    "source": row[3],
+                    "start_ns": row[4],
+                    "end_ns": row[5],
+                    "updated_at": row[6],
+                    "version": row[7],
+                    "processes": row[8],
+                    "spans": row[9],
+                }
+            )
+        return out
+
+    def newest_run_ids(self, n: int) -> list[str]:
+        rows = self._reader().execute(
+            "SELECT run_id FROM runs ORDER BY COALESCE(first_ns, 0) DESC, created_at DESC LIMIT ?", (n,)
+        )
+        return [str(r[0]) for r in rows]
+
+    def load_run(self, run_id: str) -> RunRows | None:
+        conn = self._reader()
+        conn.execute("BEGIN")
+        try:
+            row = conn.execute(
+                "SELECT run_id, trace_id, service, source, version, updated_at, meta FROM runs WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+            if row is None:
+                return None
+            cols = (
+                "lane_id, pid, ppid, service, role, rank, start_method, resource, source, exited, exit_code,"
+                " warnings, preloaded, journal_path"
+            )
+            names = [c.strip() for c in cols.split(",")]
+            rows = conn.execute(f"SELECT {cols} FROM processes WHERE run_id = ?", (run_id,))
+            procs = [dict(zip(names, r, strict=True)) for r in rows]
+            spans = conn.execute(
+                f"SELECT {', '.join(SPAN_COLUMNS)} FROM spans WHERE run_id = ? ORDER BY start_ns", (run_id,)
+            ).fetchall()
+            problems = [str(r[0]) for r in conn.execute("SELECT message FROM problems WHERE run_id = ?", (run_id,))]
+        finally:
+            conn.execute("COMMIT")
+        for p in procs:
+            for key in ("resource", "warnings", "preloaded"):
+                p[key] = json.loads(p[key]) if p[key] else ({} if key == "resource" else [])
+        return RunRows(
+            run_id=row[0],
+            trace_id=row[1],
+            service=row[2],
+            source=row[3],
+            version=int(row[4]),
+            updated_at=float(row[5]),
+            meta=json.loads(row[6]) if row[6] else {},
+            problems=problems,
+            processes=procs,
+            spans=spans,
+        )
+
+    def count_spans(self, run_id: str | None = None) -> int:
+        if run_id is None:
+            row = self._reader().execute("SELECT COUNT(*) FROM spans").fetchone()
+        else:
+            row = self._reader().execute("SELECT COUNT(*) FROM spans WHERE run_id = ?", (run_id,)).fetchone()
+        return int(row[0])
+
+    def delete_runs(self, run_ids: Iterable[str]) -> int:
+        ids = list(run_ids)
+        if not ids:
+            return 0
+        with self.write_lock:
+            conn = self._writer_conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                for rid in ids:
+                    conn.execute("DELETE FROM spans WHERE run_id = ?", (rid,))
+                    conn.execute("DELETE FROM processes WHERE run_id = ?", (rid,))
+                    conn.execute("DELETE FROM problems WHERE run_id = ?", (rid,))
+                    conn.execute("DELETE FROM runs WHERE run_id = ?", (rid,))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        for rid in ids:
+            self._versions.pop(rid, None)
+            for t, r in list(self._trace_runs.items()):
+                if r == rid:
+                    del self._trace_runs[t]
+        return len(ids)
+
+    def expire(self, max_age_s: float, now: float | None = None) -> list[str]:
+        """Drop runs whose newest span (else newest ingest) is older than `max_age_s` seconds."""
+        cutoff = (time.time() if now is None else now) - max_age_s
+        rows = (
+            self._reader()
+            .execute("SELECT run_id FROM runs WHERE COALESCE(last_ns / 1e9, updated_at) < ?", (cutoff,))
+            .fetchall()
+        )
+        ids = [str(r[0]) for r in rows]
+        self.delete_runs(ids)
+        return ids
