@@ -113,7 +113,7 @@ def run(
     run_dir = root / run_id
     if not quiet:
         if run_dir.is_dir():
-            errors.print(f"starttrace: run {run_id} stored in {run_dir}")
+            errors.print(f"starttrace: run {run_id} stored in {run_dir}", soft_wrap=True, markup=False, highlight=False)
             try:
                 _summary(read_run(run_dir))
             except Exception as exc:  # the traced command's exit code must come through regardless

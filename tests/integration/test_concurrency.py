@@ -1,0 +1,142 @@
+"""Concurrency: many processes appending to one journal file, and many threads importing at once
+in one traced process."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import textwrap
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from starttrace.reader import read_run
+
+WRITERS = 16
+LINES_PER_WRITER = 400
+
+WRITER = textwrap.dedent(
+    """
+    import os, random, sys, time
+    from starttrace.journal import JournalWriter, encode
+
+    path, writer_id, count, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    rng = random.Random(writer_id)
+    journal = JournalWriter(path)
+    while time.time() < go:  # all writers start together
+        time.sleep(0.001)
+    for i in range(count):
+        size = rng.randint(10, 4000)
+        head = encode({"w": writer_id, "i": i, "pad": ""})
+        pad = ("é" if i % 3 == 0 else "x") * max(0, (size - len(head)) // 2)
+        line = encode({"w": writer_id, "i": i, "pad": pad}) + "\\n"
+        assert journal.write(line), journal.failed
+    journal.close()
+    """
+)
+
+
+def test_processes_append_whole_lines_to_one_file(
+    venv_python: str, tmp_path: Path, clean_env: Callable[..., dict[str, str]]
+) -> None:
+    import time
+
+    path = tmp_path / "shared.jsonl"
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    go = time.time() + 1.5
+    procs = [
+        subprocess.Popen(
+            [venv_python, str(script), str(path), str(w), str(LINES_PER_WRITER), str(go)],
+            env=clean_env(),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for w in range(WRITERS)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+    data = path.read_bytes()
+    assert data.endswith(b"\n")
+    lines = data.split(b"\n")[:-1]
+    assert len(lines) == WRITERS * LINES_PER_WRITER
+    sizes = [len(line) + 1 for line in lines]
+    assert min(sizes) >= 10 and max(sizes) <= 4100
+    assert max(sizes) > 3000, "long lines were written"
+    seen: dict[int, list[int]] = {}
+    for number, line in enumerate(lines, 1):
+        record = json.loads(line)  # every line parses: no torn or interleaved writes
+        seen.setdefault(record["w"], []).append(record["i"])
+        assert set(record["pad"]) <= {"x", "é"}, number
+    assert Counter({w: len(v) for w, v in seen.items()}) == Counter(dict.fromkeys(range(WRITERS), LINES_PER_WRITER))
+    for indexes in seen.values():
+        assert indexes == list(range(LINES_PER_WRITER)), "each writer's lines stay in its own order"
+    # the writers really interleaved (they ran concurrently)
+    switches = sum(1 for a, b in itertools.pairwise(lines) if json.loads(a)["w"] != json.loads(b)["w"])
+    assert switches > WRITERS
+
+
+THREADS = 16
+
+THREADED = textwrap.dedent(
+    """
+    import sys, threading
+    barrier = threading.Barrier(%d)
+
+    def work(i):
+        barrier.wait()
+        __import__("thr_outer_%%d" %% i)
+
+    threads = [threading.Thread(target=work, args=(i,), name="importer-%%d" %% i) for i in range(%d)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print("done")
+    """
+) % (THREADS, THREADS)
+
+
+def test_threads_import_concurrently_with_per_thread_nesting(
+    venv_python: str, tmp_path: Path, traced_env: dict[str, str], journal_root: Path,
+    only_run_dir: Callable[[Path], Path],
+) -> None:  # fmt: skip
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    for i in range(THREADS):
+        (mods / f"thr_outer_{i}.py").write_text(
+            f"import time\ntime.sleep(0.02)\nimport thr_inner_{i}\ntime.sleep(0.02)\n"
+        )
+        (mods / f"thr_inner_{i}.py").write_text(f"import time\ntime.sleep(0.03)\nimport thr_leaf_{i}\n")
+        (mods / f"thr_leaf_{i}.py").write_text("import time\ntime.sleep(0.01)\n")
+    env = dict(traced_env, PYTHONPATH=str(mods))
+    proc = subprocess.run([venv_python, "-c", THREADED], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "done\n", proc.stderr
+    run = read_run(only_run_dir(journal_root))
+    assert run.problems == []
+    (process,) = run.processes
+    spans = {s.span_id: s for s in process.spans}
+    ours = {s.attrs["starttrace.import.module"]: s for s in process.spans if str(s.name).startswith("import thr_")}
+    assert len(ours) == 3 * THREADS
+    threads = {ours[f"thr_outer_{i}"].thread for i in range(THREADS)}
+    assert None not in threads and len(threads) == THREADS, "each importer thread is its own lane"
+    for i in range(THREADS):
+        outer, inner, leaf = ours[f"thr_outer_{i}"], ours[f"thr_inner_{i}"], ours[f"thr_leaf_{i}"]
+        assert outer.parent_id == process.process_span_id
+        assert inner.parent_id == outer.span_id and leaf.parent_id == inner.span_id
+        assert outer.thread == inner.thread == leaf.thread
+    # every import span's parent is an import on the same thread (or the process span), and lies around it
+    for span in process.spans:
+        if span.attrs.get("starttrace.phase") != "import":
+            continue
+        parent = spans.get(span.parent_id or "")
+        if parent is None or parent.attrs.get("starttrace.phase") != "import":
+            continue
+        assert parent.thread == span.thread, (span.name, parent.name)
+        assert parent.start_ns <= span.start_ns and span.end_ns <= parent.end_ns, (span.name, parent.name)
+    # the imports really overlapped in time
+    starts = sorted(ours[f"thr_outer_{i}"].start_ns for i in range(THREADS))
+    ends = sorted(ours[f"thr_outer_{i}"].end_ns for i in range(THREADS))
+    assert starts[-1] < ends[0], "all 16 outer imports were in flight at the same moment"

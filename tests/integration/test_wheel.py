@@ -1,0 +1,98 @@
+"""The built wheel (not the editable install) ships the .pth and traces a spawn child in a fresh
+venv that has nothing else installed: the hot path needs only the standard library."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+PROGRAM = textwrap.dedent(
+    """
+    import json, multiprocessing, sys
+
+    def child(queue):
+        mod = sys.modules.get("starttrace")
+        queue.put({"starttrace": getattr(mod, "__file__", None), "boot": "starttrace.boot" in sys.modules})
+
+    if __name__ == "__main__":
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        proc = ctx.Process(target=child, args=(queue,))
+        proc.start()
+        seen = queue.get(timeout=60)
+        proc.join(60)
+        me = sys.modules.get("starttrace")
+        print(json.dumps({"parent": getattr(me, "__file__", None), "child": seen, "code": proc.exitcode,
+                          "pid": proc.pid, "path": sys.path}))
+    """
+)
+
+
+def test_wheel_installs_pth_and_traces_spawn_children(
+    venv_python: str, tmp_path: Path, clean_env: Callable[..., dict[str, str]], only_run_dir: Callable[[Path], Path]
+) -> None:
+    dist = tmp_path / "dist"
+    build = subprocess.run(
+        [venv_python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(REPO)],
+        capture_output=True, text=True, timeout=180, env=clean_env(), cwd=tmp_path,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    (wheel,) = dist.glob("starttrace-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        assert "starttrace.pth" in names, "the .pth must sit at the top level of the wheel (-> site-packages)"
+        assert archive.read("starttrace.pth") == (REPO / "src" / "starttrace.pth").read_bytes()
+        for module in ("boot.py", "recorder.py", "journal.py", "probes/imports.py", "probes/multiprocessing.py"):
+            assert f"starttrace/{module}" in names
+        assert not [n for n in names if n.startswith(("src/", "tests/"))]
+
+    venv = tmp_path / "fresh venv"  # a space in the path, as users have
+    base_python = getattr(sys, "_base_executable", None) or "python3"
+    made = subprocess.run([base_python, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    python = venv / "bin" / "python"
+    install = subprocess.run(
+        [venv_python, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        capture_output=True, text=True, timeout=180, env=clean_env(),
+    )  # fmt: skip
+    assert install.returncode == 0, install.stderr
+    site_packages = next((venv / "lib").glob("python3*/site-packages"))
+    assert (site_packages / "starttrace.pth").exists()
+    assert not (site_packages / "opentelemetry").exists(), "the fresh venv must hold starttrace only"
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    (work / "prog.py").write_text(PROGRAM)
+    root = tmp_path / "runs"
+    env = clean_env(STARTTRACE="1", STARTTRACE_DIR=str(root))
+    env.pop("PYTHONPATH", None)
+    env.pop("VIRTUAL_ENV", None)
+    proc = subprocess.run([str(python), "prog.py"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["code"] == 0
+    assert not any(p.startswith(str(REPO)) for p in result["path"]), result["path"]
+    for where in (result["parent"], result["child"]["starttrace"]):
+        assert where is not None and Path(where).resolve().is_relative_to(site_packages.resolve()), where
+        assert not Path(where).resolve().is_relative_to(REPO)
+    assert result["child"]["boot"] is True
+
+    run_dir = only_run_dir(root)
+    records = {}
+    for journal in run_dir.glob("*.jsonl"):
+        first = json.loads(journal.read_text().splitlines()[0])
+        records[first["pid"]] = first
+    assert result["pid"] in records, "the spawn child wrote its own journal"
+    methods = sorted(r["method"] for r in records.values())
+    assert "root" in methods and "spawn" in methods, methods
+    assert {r["exe"] for r in records.values()} == {str(python)}
+    child = records[result["pid"]]
+    assert child["parent"] is not None and child["run"] == run_dir.name
