@@ -58,6 +58,7 @@ class ProcessState:
     bootstrap_span = ""
     role = ""
     instance_id = ""
+    activation_seen = False
     # One clock anchor for the whole run (the root's), so every lane converts monotonic time to
     # epoch time the same way and lanes of different processes line up exactly.
     anchor_mono = 0
@@ -90,6 +91,10 @@ def default_journal_root() -> str:
 
 def activate() -> None:
     """Entry point of the .pth line. Never raises."""
+    # site reads a venv's site-packages twice on some Pythons (3.11): the .pth line may run twice.
+    if state.activation_seen:
+        return
+    state.activation_seen = True
     try:
         verdict, raw = switch_value()
         if verdict == "invalid":
@@ -307,6 +312,7 @@ def _process_record(parent_span: str | None, launch_pid: int | None, created: in
 
 def _open_journal(parent_span: str | None, launch_pid: int | None, created: int, now: int) -> None:
     instance = os.urandom(4).hex()
+    recorder.reseed_span_ids()
     state.instance_id = instance
     try:
         writer = JournalWriter(os.path.join(state.run_dir, f"{os.getpid()}-{instance}.jsonl"))

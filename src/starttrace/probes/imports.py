@@ -49,12 +49,13 @@ def uninstall() -> None:
 def _make_wrapper(original: Callable[[str, Any], Any], builtin_import: Any) -> Callable[[str, Any], Any]:
     modules = sys.modules
     stacks = recorder._stacks
-    urandom = os.urandom
+    new_id = recorder.new_span_id
+    write = recorder.write
 
     def _find_and_load(name: str, import_: Any) -> Any:
         if name in modules or recorder._writer is None:
             return original(name, import_)
-        span_id = urandom(8).hex()
+        span_id = new_id()
         ident = get_ident()
         stack = stacks.get(ident)
         if stack is None:
@@ -72,7 +73,7 @@ def _make_wrapper(original: Callable[[str, Any], Any], builtin_import: Any) -> C
         else:
             if recorder.pending:
                 recorder.flush_pending(stack)
-            recorder.write(line)
+            write(line)
         stack.append(span_id)
         try:
             module = original(name, import_)
@@ -80,7 +81,14 @@ def _make_wrapper(original: Callable[[str, Any], Any], builtin_import: Any) -> C
             recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
             raise
         path = getattr(module, "__file__", None)
-        recorder.end(span_id, {"code.file.path": path} if isinstance(path, str) else None)
+        if recorder.pending or span_id in recorder._foreign or not stack or stack[-1] != span_id:
+            recorder.end(span_id, {"code.file.path": path} if isinstance(path, str) else None)
+        else:  # the common case, inlined: this span is on top of this thread's stack
+            stack.pop()
+            if isinstance(path, str):
+                write('{"k":"e","s":"%s","t":%d,"a":{"code.file.path":%s}}\n' % (span_id, monotonic_ns(), quote(path)))
+            else:
+                write('{"k":"e","s":"%s","t":%d}\n' % (span_id, monotonic_ns()))
         if recorder._post_import_hooks:
             recorder.run_post_import_hooks(name, module)
         return module
