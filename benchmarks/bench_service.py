@@ -37,6 +37,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """user + system CPU seconds of a process (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=16)
@@ -95,6 +104,7 @@ def main() -> int:
                             break
                         time.sleep(float(r.headers.get("Retry-After", "1")))
 
+        cpu0 = cpu_seconds(server.pid)
         t0 = time.perf_counter()
         threads = [threading.Thread(target=client) for _ in range(args.clients)]
         for t in threads:
@@ -108,10 +118,15 @@ def main() -> int:
                 break
             time.sleep(0.1)
         t_stored = time.perf_counter() - t0
+        cpu1 = cpu_seconds(server.pid)
         print(
             f"ingest: all requests answered in {t_sent:.2f} s, all spans stored in {t_stored:.2f} s "
             f"-> {total / t_stored:,.0f} spans/s (statuses {statuses})"
         )
+        if cpu0 is not None and cpu1 is not None:
+            # the CPU the server spent (all threads): a steadier measure than wall time on a shared machine
+            cpu = max(cpu1 - cpu0, 1e-9)
+            print(f"server CPU during ingest: {cpu:.2f} s ({total / cpu:,.0f} spans per CPU-second)")
 
         with httpx.Client(base_url=url, timeout=120) as c:
             t = time.perf_counter()

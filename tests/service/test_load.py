@@ -74,7 +74,7 @@ def test_16_exporters_100k_spans(server: Server) -> None:
         return runs[0]["spans"] if runs else 0
 
     wait_for(lambda: stored() == EXPORTERS * PER_EXPORTER, timeout=60)
-    metrics = httpx.get(server.url + "/metrics").text
+    metrics = httpx.get(server.url + "/metrics", timeout=60).text  # cold model build of 100k spans
     codes = set(re.findall(r'starttrace_otlp_requests_total\{code="(\d+)"', metrics))
     assert codes and not any(c.startswith("5") for c in codes), codes
     assert 'starttrace_ingested_spans_total{source="otlp"} 100000.0' in metrics

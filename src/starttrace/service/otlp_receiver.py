@@ -18,6 +18,7 @@ import json
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _enc_str  # type: ignore[attr-defined]
 from typing import Any
 
 import anyio.to_thread
@@ -203,6 +204,50 @@ def _attrs(kvs: Any) -> dict[str, Any]:
     return out
 
 
+_KEY_CACHE: dict[str, str] = {}  # attribute key -> its JSON text followed by ':'
+_KEY_CACHE_MAX = 4096
+_IN_PROGRESS = "starttrace.in_progress"
+_SCOPE_KEY = "otel.scope.name"
+_MAX_NS = (1 << 63) - 1  # SQLite integers are signed 64-bit
+
+
+def _dump_value(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def _attrs_json(kvs: Any) -> tuple[list[str], bool, bool]:
+    """A span's attributes as JSON object members (`"key":value`), without building a dict.
+
+    Same text as `json.dumps(dict)` once loaded (a repeated key: the last value wins, like the
+    dict). Returns (members, starttrace.in_progress is true, otel.scope.name present)."""
+    parts: list[str] = []
+    in_progress = False
+    has_scope = False
+    keys = _KEY_CACHE
+    for kv in kvs:
+        key = kv.key
+        prefix = keys.get(key)
+        if prefix is None:
+            prefix = _enc_str(key) + ":"
+            if len(keys) < _KEY_CACHE_MAX:
+                keys[key] = prefix
+        v = kv.value
+        kind = v.WhichOneof("value")
+        if kind == "string_value":
+            parts.append(prefix + _enc_str(v.string_value))
+        elif kind == "int_value":
+            parts.append(prefix + str(v.int_value))
+        elif kind == "bool_value":
+            parts.append(prefix + ("true" if v.bool_value else "false"))
+        else:
+            parts.append(prefix + _dump_value(any_value(v)))
+        if key == _IN_PROGRESS:
+            in_progress = kind == "bool_value" and v.bool_value
+        elif key == _SCOPE_KEY:
+            has_scope = True
+    return parts, in_progress, has_scope
+
+
 @dataclass
 class Decoded:
     batch: IngestBatch
@@ -215,52 +260,72 @@ def decode(msg: ExportTraceServiceRequest) -> Decoded:
     processes: list[ProcessBatch] = []
     accepted = rejected = 0
     errors: list[str] = []
-    dumps = json.dumps
+    attrs_json = _attrs_json
+    zero_trace = _ZERO_TRACE
+    zero_span = _ZERO_SPAN
     for rs in msg.resource_spans:
         resource = _attrs(rs.resource.attributes)
         rows: list[SpanTuple] = []
+        append = rows.append
         for ss in rs.scope_spans:
             scope = ss.scope.name
+            scope_member = None
+            if scope and not scope.startswith("starttrace"):
+                scope_member = _enc_str(_SCOPE_KEY) + ":" + _enc_str(scope)
             for sp in ss.spans:
                 tid = sp.trace_id
                 sid = sp.span_id
                 pid = sp.parent_span_id
-                if len(tid) != 16 or tid == _ZERO_TRACE or len(sid) != 8 or sid == _ZERO_SPAN:
+                if len(tid) != 16 or tid == zero_trace or len(sid) != 8 or sid == zero_span:
                     rejected += 1
                     if len(errors) < 5:
                         errors.append(f"span {sp.name[:80]!r}: invalid trace or span id")
                     continue
-                if pid and (len(pid) != 8 or pid == _ZERO_SPAN):
+                if pid and (len(pid) != 8 or pid == zero_span):
                     if len(pid) != 8:
                         rejected += 1
                         if len(errors) < 5:
                             errors.append(f"span {sp.name[:80]!r}: invalid parent span id")
                         continue
                     pid = b""
-                attrs = _attrs(sp.attributes) if sp.attributes else {}
-                if scope and "otel.scope.name" not in attrs and not scope.startswith("starttrace"):
-                    attrs["otel.scope.name"] = scope
                 start = sp.start_time_unix_nano
                 end = sp.end_time_unix_nano
+                if start > _MAX_NS or end > _MAX_NS:
+                    rejected += 1
+                    if len(errors) < 5:
+                        errors.append(f"span {sp.name[:80]!r}: timestamp out of range")
+                    continue
                 if end < start:
                     end = start
-                in_progress = 1 if attrs.get("starttrace.in_progress") is True else 0
+                if sp.attributes:
+                    parts, in_progress, has_scope = attrs_json(sp.attributes)
+                    if scope_member is not None and not has_scope:
+                        parts.append(scope_member)
+                    attrs = "{" + ",".join(parts) + "}"
+                elif scope_member is not None:
+                    in_progress = False
+                    attrs = "{" + scope_member + "}"
+                else:
+                    in_progress = False
+                    attrs = None
                 error = None
-                if sp.status.code == _STATUS_ERROR:
-                    error = sp.status.message or "error"
-                if sp.events and "exception" in [e.name for e in sp.events] and error is None:
+                status = sp.status
+                if status.code == _STATUS_ERROR:
+                    error = status.message or "error"
+                if error is None and sp.events and any(e.name == "exception" for e in sp.events):
                     error = "exception"
-                rows.append(
+                name = sp.name
+                append(
                     (
                         tid.hex(),
                         sid.hex(),
                         pid.hex() if pid else None,
-                        sp.name,
+                        name,
                         start,
                         end,
-                        in_progress,
+                        1 if in_progress else 0,
                         1 if end == start and not in_progress else 0,
-                        dumps(attrs, separators=(",", ":"), default=str) if attrs else None,
+                        attrs,
                         error,
                         None,
                     )

@@ -12,7 +12,9 @@ ended span is never replaced by an in-progress copy of itself.
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 import queue
 import sqlite3
 import threading
@@ -149,19 +151,31 @@ SPAN_COLUMNS = (
 )
 
 
-SPAN_UPSERT = (
+_SPAN_INSERT_HEAD = (
     "INSERT INTO spans(trace_id, span_id, run_id, lane_id, parent_id, name, start_ns, end_ns,"
-    " in_progress, instant, attrs, error, thread, source) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    " in_progress, instant, attrs, error, thread, source) VALUES "
+)
+_SPAN_CONFLICT = (
     " ON CONFLICT(span_id, trace_id) DO UPDATE SET"
     " end_ns = excluded.end_ns, in_progress = excluded.in_progress, attrs = excluded.attrs,"
     " error = excluded.error, name = excluded.name, parent_id = excluded.parent_id"
     " WHERE spans.in_progress = 1 OR (excluded.in_progress = 0 AND"
     "   (spans.attrs IS NOT excluded.attrs OR spans.end_ns IS NOT excluded.end_ns))"
 )
+_SPAN_PARAMS = 14
+_ROW_PLACEHOLDERS = "(" + ",".join("?" * _SPAN_PARAMS) + ")"
+SPAN_UPSERT = _SPAN_INSERT_HEAD + _ROW_PLACEHOLDERS + _SPAN_CONFLICT
+# Rows per multi-row upsert statement: one statement binds a chunk of rows, then SQLite inserts them
+# all in one step with the GIL released (executemany re-takes the GIL for every row, so the writer
+# would stall behind the request handlers' decoding). Duplicates inside a chunk are upserted in order.
+SPAN_CHUNK_ROWS = 1024
 
 
-def _span_key(row: tuple[Any, ...]) -> str:
-    return row[1]  # span_id: the first column of the unique index
+def _span_upsert_sql(rows: int) -> str:
+    return _SPAN_INSERT_HEAD + ",".join([_ROW_PLACEHOLDERS] * rows) + _SPAN_CONFLICT
+
+
+_span_key = operator.itemgetter(1)  # span_id: the first column of the unique index
 
 
 class StoreSaturated(Exception):
@@ -198,6 +212,8 @@ class Store:
         self._trace_runs: dict[str, str] = {}
         self._writer_conn = self._connect()
         self._writer_conn.executescript(SCHEMA)
+        max_vars = self._writer_conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        self._chunk_rows = max(1, min(SPAN_CHUNK_ROWS, max_vars // _SPAN_PARAMS))
         for trace_id, run_id in self._writer_conn.execute("SELECT trace_id, run_id FROM runs"):
             if trace_id:
                 self._trace_runs.setdefault(trace_id, run_id)
@@ -358,10 +374,10 @@ class Store:
                     for proc in batch.processes:
                         self._write_process(conn, proc, touched, stored, pending)
                 if pending:
-                    # one statement for the whole transaction, in key order: neighbouring inserts
-                    # touch neighbouring pages of the unique index (stable sort: arrival order kept)
+                    # the whole transaction in key order: neighbouring inserts touch neighbouring
+                    # pages of the unique index (stable sort: arrival order kept for duplicates)
                     pending.sort(key=_span_key)
-                    conn.executemany(SPAN_UPSERT, pending)
+                    self._upsert_spans(conn, pending)
                 for run_id, (trace_id, service, source, first, last) in touched.items():
                     conn.execute(
                         "INSERT INTO runs(run_id, trace_id, service, source, first_ns, last_ns, created_at,"
@@ -389,6 +405,18 @@ class Store:
         if self.on_stored is not None:
             for source, n in stored.items():
                 self.on_stored(source, n)
+
+    def _upsert_spans(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+        n = self._chunk_rows
+        chain = itertools.chain.from_iterable
+        full = len(rows) - len(rows) % n
+        if full:
+            sql = _span_upsert_sql(n)
+            for i in range(0, full, n):
+                conn.execute(sql, list(chain(rows[i : i + n])))
+        if full < len(rows):
+            rest = rows[full:]
+            conn.execute(_span_upsert_sql(len(rest)), list(chain(rest)))
 
     def _lane_for(self, conn: sqlite3.Connection, run_id: str, proc: ProcessBatch) -> str:
         if proc.lane_id:
@@ -419,8 +447,8 @@ class Store:
         fixed = proc.run_id or res.get("starttrace.run_id")
         if fixed:
             fixed = str(fixed)
-            for sp in proc.spans:
-                self._resolve_run(conn, fixed, sp[0])
+            for trace_id in dict.fromkeys([sp[0] for sp in proc.spans]):  # distinct, in order
+                self._resolve_run(conn, fixed, trace_id)
             by_run[fixed] = proc.spans
         else:
             for sp in proc.spans:
@@ -470,10 +498,9 @@ class Store:
                 ),
             )
             if spans:
-                pending.extend(
-                    (s[0], s[1], run_id, lane, s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], proc.source)
-                    for s in spans
-                )
+                ids = (run_id, lane)
+                tail = (proc.source,)
+                pending.extend([s[:2] + ids + s[2:] + tail for s in spans])
                 first = min(s[4] for s in spans)
                 last = max(s[5] if s[5] is not None else s[4] for s in spans)
             else:
