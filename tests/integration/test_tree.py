@@ -263,3 +263,16 @@ def test_torch_child_records_torch_imports(tree: TracedTree) -> None:
     assert len(nested) > 20
     total = sum(1 for s in child.spans if s.attrs.get("starttrace.import.module", "").startswith("torch"))
     assert total > 300
+
+
+def test_a_helper_ready_is_not_the_run_ready(tree: TracedTree) -> None:
+    """The resource tracker marks `process.ready`; only a server's `ready` makes the run ready."""
+    from starttrace.analysis.model import build_model, run_input_from_reader
+
+    tracker = [p for p in tree.run.processes if any(s.name == "process.ready" for s in p.spans)]
+    assert tracker, "the resource tracker records process.ready"
+    model = build_model(run_input_from_reader(tree.run))
+    assert model.ready_ns is None and model.status != "ready"
+    startup = tree.run.startup
+    assert startup is not None and startup.end_ns is not None
+    assert abs(model.startup_s - (startup.end_ns - startup.start_ns) / 1e9) < 0.05

@@ -354,7 +354,8 @@ def build_model(run: RunInput, now_ns: int | None = None) -> RunModel:
             t_last = last
     nodes.sort(key=lambda x: x.start)
     # status --------------------------------------------------------------------------------
-    ready_nodes = [n for n in nodes if n.phase == "ready" or n.name == "ready"]
+    # The run is ready when the server answers (`ready`); `process.ready` is one lane's own.
+    ready_nodes = [n for n in nodes if n.name == "ready"]
     ready_ns = min((n.start for n in ready_nodes), default=None)
     roots = [n for n in nodes if n.phase == "startup" and n.parent not in by_id]
     all_exited = bool(lanes_by_id) and all(lane.exited for lane in lanes_by_id.values())
@@ -610,7 +611,7 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
         children_of.setdefault(span.lane, []).append((lanes[child_index], span))
     if model.ready_ns is not None:
         ready = min(
-            (n for n in model.spans if n.start == model.ready_ns and n.phase == "ready"),
+            (n for n in model.spans if n.start == model.ready_ns and n.name == "ready"),
             key=lambda n: n.idx,
             default=None,
         )
