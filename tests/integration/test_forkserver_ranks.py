@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,11 +43,8 @@ class Traced:
     seconds: float
 
 
-def _run_example(tmp: Path, *args: str) -> Traced:
+def _run_example(clean_env: Callable[..., dict[str, str]], tmp: Path, *args: str) -> Traced:
     import time
-
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import clean_env  # the shared helper: no tracing context leaks in
 
     root = tmp / "runs"
     env = clean_env(STARTTRACE="1", STARTTRACE_DIR=str(root))
@@ -66,13 +64,13 @@ def _run_example(tmp: Path, *args: str) -> Traced:
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory: pytest.TempPathFactory) -> Traced:
-    return _run_example(tmp_path_factory.mktemp("clean"))
+def clean(tmp_path_factory: pytest.TempPathFactory, clean_env: Callable[..., dict[str, str]]) -> Traced:
+    return _run_example(clean_env, tmp_path_factory.mktemp("clean"))
 
 
 @pytest.fixture(scope="module")
-def dirty(tmp_path_factory: pytest.TempPathFactory) -> Traced:
-    return _run_example(tmp_path_factory.mktemp("dirty"), "--cuda-in-preload")
+def dirty(tmp_path_factory: pytest.TempPathFactory, clean_env: Callable[..., dict[str, str]]) -> Traced:
+    return _run_example(clean_env, tmp_path_factory.mktemp("dirty"), "--cuda-in-preload")
 
 
 def named(process: Process, name: str) -> list[Span]:
