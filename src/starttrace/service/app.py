@@ -33,6 +33,18 @@ from starttrace.service.otlp_receiver import DEFAULT_MAX_BODY, handle_traces
 from starttrace.service.store import Store
 
 HERE = Path(__file__).resolve().parent
+
+
+def phase_color(phase: str) -> str:
+    """The phase's colour; for a phase without one, the same hash colour waterfall.js draws."""
+    if phase in PHASE_COLORS:
+        return PHASE_COLORS[phase]
+    hue = 0
+    for char in phase:
+        hue = (hue * 31 + ord(char)) % 360
+    return f"hsl({hue},45%,58%)"
+
+
 PHASE_COLORS = {
     "interpreter": "#9aa5b1",
     "import": "#4e79a7",
@@ -48,6 +60,14 @@ PHASE_COLORS = {
     "kv_cache": "#b6992d",
     "cuda_graphs": "#499894",
     "ready": "#2ca02c",
+    "api_server": "#86bcb6",
+    "config": "#d7b5a6",
+    "engine_init": "#9c755f",
+    "executor_init": "#f1ce63",
+    "worker_init": "#a0cbe8",
+    "device_init": "#fabfd2",
+    "server_startup": "#79706e",
+    "idle": "#e8e8e8",
     "other": "#bab0ac",
 }
 
@@ -286,6 +306,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         autoescape=select_autoescape(["html", "xml", "j2"], default_for_string=True, default=True),
     )
     templates.globals["phase_colors"] = PHASE_COLORS
+    templates.globals["phase_color"] = phase_color
     templates.filters["utc"] = lambda secs: dt.datetime.fromtimestamp(float(secs), dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
     stop_maintenance = threading.Event()
 

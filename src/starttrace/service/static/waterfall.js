@@ -8,7 +8,8 @@
     interpreter: "#9aa5b1", "import": "#4e79a7", forkserver: "#b07aa1", forkserver_preload: "#d4a6c8",
     launch: "#f28e2b", fork: "#ff9d9a", bootstrap: "#edc948", cuda_init: "#e15759", dist_init: "#76b7b2",
     model_load: "#59a14f", compile: "#8cd17d", kv_cache: "#b6992d", cuda_graphs: "#499894",
-    ready: "#2ca02c", other: "#bab0ac"
+    ready: "#2ca02c", other: "#bab0ac",
+    api_server: "#86bcb6", config: "#d7b5a6", engine_init: "#9c755f", executor_init: "#f1ce63", worker_init: "#a0cbe8", device_init: "#fabfd2", server_startup: "#79706e", idle: "#e8e8e8"
   };
   var AXIS_H = 26, LANE_H = 26, ROW_H = 15, MAX_ROWS = 60;
   var F_PROGRESS = 1, F_INSTANT = 2, F_ERROR = 4;
