@@ -288,6 +288,12 @@ def test_lanes_roles_and_ranks(served: Served) -> None:
     (forkserver,) = lanes(run, "forkserver")
     assert one(forkserver, "forkserver.preload").attrs["starttrace.preload"] == ["vllm.v1.engine.async_llm"]
     assert forkserver.ppid == api.pid
+    # vLLM calls multiprocessing.forkserver.ensure_running() directly: the start is still seen
+    assert forkserver.resource["starttrace.start_method"] == "spawn"
+    (start,) = [s for s in api.spans if s.name == "forkserver.start"]
+    assert start.attrs["starttrace.preload"] == ["vllm.v1.engine.async_llm"]
+    assert start.attrs["starttrace.child_pid"] == forkserver.pid
+    assert forkserver.process_span is not None and forkserver.process_span.parent_id == start.span_id
     (engine,) = lanes(run, "engine_core")
     assert engine.ppid == api.pid and engine.resource["starttrace.start_method"] == "spawn"
     workers = sorted(lanes(run, "worker"), key=lambda p: p.rank if p.rank is not None else -1)

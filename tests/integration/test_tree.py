@@ -276,3 +276,17 @@ def test_a_helper_ready_is_not_the_run_ready(tree: TracedTree) -> None:
     startup = tree.run.startup
     assert startup is not None and startup.end_ns is not None
     assert abs(model.startup_s - (startup.end_ns - startup.start_ns) / 1e9) < 0.05
+
+
+def test_resource_tracker_started_through_the_module_alias_is_linked(tree: TracedTree) -> None:
+    """`resource_tracker.ensure_running()` (a bound method taken at import) is still seen."""
+    run = tree.run
+    spans = span_index(run)
+    trackers = [p for p in run.processes if p.resource.get("starttrace.process_name") == "resource_tracker"]
+    assert len(trackers) == 1
+    tracker = trackers[0]
+    assert tracker.resource["starttrace.start_method"] == "spawn"
+    assert tracker.process_span is not None
+    owner, launch = spans[tracker.process_span.parent_id or ""]
+    assert owner is not None and owner.pid == tree.root_pid
+    assert launch.name == "process.launch" and launch.attrs["starttrace.child_pid"] == tracker.pid

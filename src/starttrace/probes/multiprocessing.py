@@ -157,6 +157,7 @@ def _patch_forkserver(module: Any) -> None:
 
         ensure_running.__starttrace__ = True  # type: ignore[attr-defined]
         server_class.ensure_running = ensure_running
+        _rebind_module_aliases(module, "_forkserver", ("ensure_running",))
 
     original_main = getattr(module, "main", None)
     if original_main is None or getattr(original_main, "__starttrace__", False):
@@ -235,7 +236,49 @@ def _preload(forkserver: Any, modules: list[str], main_path: Any) -> None:
     recorder.end(outer, end_attrs)
 
 
+def _rebind_module_aliases(module: Any, instance_name: str, methods: tuple[str, ...]) -> None:
+    """`multiprocessing.forkserver.ensure_running` is a bound method taken at import time (vLLM
+    calls it directly): rebind such aliases so they reach the patched class attribute."""
+    instance = getattr(module, instance_name, None)
+    if instance is None:
+        return
+    for method in methods:
+        if hasattr(module, method):
+            setattr(module, method, getattr(instance, method))
+
+
+def _patch_resource_tracker_launch(module: Any) -> None:
+    tracker_class = getattr(module, "ResourceTracker", None)
+    if tracker_class is None or getattr(tracker_class.ensure_running, "__starttrace__", False):
+        return
+    original_ensure = tracker_class.ensure_running
+
+    def ensure_running(self: Any) -> None:
+        running = getattr(self, "_fd", None) is not None or getattr(self, "_pid", None) is not None
+        if not recorder.active() or running:
+            return original_ensure(self)
+        attrs: dict[str, Any] = {
+            "starttrace.phase": "launch",
+            "starttrace.process_name": "resource_tracker",
+            "starttrace.start_method": "spawn",
+        }
+        span_id = recorder.begin("process.launch", attrs)
+        try:
+            with launch_environment(span_id, "spawn"):
+                original_ensure(self)
+        except BaseException as exc:
+            recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
+            raise
+        pid = getattr(self, "_pid", None)
+        recorder.end(span_id, {"starttrace.child_pid": int(pid)} if pid else None)
+
+    ensure_running.__starttrace__ = True  # type: ignore[attr-defined]
+    tracker_class.ensure_running = ensure_running
+    _rebind_module_aliases(module, "_resource_tracker", ("ensure_running",))
+
+
 def _patch_resource_tracker(module: Any) -> None:
+    _patch_resource_tracker_launch(module)
     tracker_main = getattr(module, "main", None)
     if tracker_main is None or getattr(tracker_main, "__starttrace__", False):
         return
