@@ -1,16 +1,17 @@
-"""Fast ingest paths: protobuf decoding straight to JSON attribute text, chunked multi-row upserts."""
+"""Fast ingest paths: protobuf spans stored as received (attributes decoded lazily), chunked multi-row upserts."""
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from starttrace.service import store as store_mod
 from starttrace.service.otlp_receiver import decode
-from starttrace.service.store import IngestBatch, ProcessBatch, SpanTuple, Store
+from starttrace.service.store import IngestBatch, ProcessBatch, SpanTuple, Store, decode_attrs
 
 
 def _span(i: int, end: int, in_progress: bool = False, attrs: dict | None = None) -> SpanTuple:
@@ -84,7 +85,7 @@ def test_decode_attrs_match_dict_json() -> None:
     d = decode(msg)
     assert (d.accepted, d.rejected) == (1, 0)
     row = d.batch.processes[0].spans[0]
-    attrs = json.loads(row[8])
+    attrs = decode_attrs(row[8])  # stored as the span's raw protobuf bytes, decoded for the model
     assert attrs.pop("nan") != attrs.get("nan")  # NaN, as json.dumps writes it
     assert attrs == {
         "s": 'a"\\\u2603\x00',
@@ -111,3 +112,55 @@ def test_timestamp_past_int64_rejected_alone() -> None:
     d = decode(msg)
     assert (d.accepted, d.rejected) == (1, 1)
     assert "out of range" in d.errors[0]
+
+
+def test_decode_raw_span_edge_cases() -> None:
+    from starttrace.service.otlp_receiver import BadRequest, _parse_and_decode
+
+    msg = ExportTraceServiceRequest()
+    ss = msg.resource_spans.add().scope_spans.add()
+    ss.scope.name = "lib.y"
+    own = ss.spans.add()  # its own otel.scope.name wins over the scope's
+    own.trace_id, own.span_id, own.name = b"\x01" * 16, b"\x03" * 8, "own"
+    kv = own.attributes.add()
+    kv.key, kv.value.string_value = "otel.scope.name", "mine"
+    own.events.add().name = "exception"
+    bare = ss.spans.add()  # no attributes: only the scope's name
+    bare.trace_id, bare.span_id, bare.name = b"\x01" * 16, b"\x04" * 8, "bare"
+    bare.status.code, bare.status.message = 2, "boom"
+    prog = ss.spans.add()  # the key's text inside a value is not the key
+    prog.trace_id, prog.span_id, prog.name = b"\x01" * 16, b"\x05" * 8, "prog"
+    kv = prog.attributes.add()
+    kv.key, kv.value.string_value = "note", "starttrace.in_progress"
+    d = decode(msg.SerializeToString())
+    rows = {r[3]: r for r in d.batch.processes[0].spans}
+    assert decode_attrs(rows["own"][8]) == {"otel.scope.name": "mine"}
+    assert rows["own"][9] == "exception"
+    assert decode_attrs(rows["bare"][8]) == {"otel.scope.name": "lib.y"}
+    assert rows["bare"][9] == "boom"
+    assert rows["prog"][6] == 0 and decode_attrs(rows["prog"][8])["note"] == "starttrace.in_progress"
+    # an invalid nested attribute (bad UTF-8 in a string) still fails the whole request
+    body = bytearray(msg.SerializeToString())
+    i = body.index(b"mine")
+    body[i] = 0xFF
+    try:
+        _parse_and_decode(bytes(body), "application/x-protobuf")
+    except BadRequest:
+        pass
+    else:
+        raise AssertionError("invalid UTF-8 accepted")
+
+
+def test_idle_checkpoint(tmp_path: Path) -> None:
+    st = Store(tmp_path / "c.db")
+    st.start()
+    proc = ProcessBatch(source="otlp", resource={"starttrace.run_id": "r"}, spans=[_span(1, 5)])
+    st.submit(IngestBatch(processes=[proc]))
+    assert st.flush()
+    assert st._unchecked_spans > 0
+    deadline = time.time() + 5
+    while st._unchecked_spans and time.time() < deadline:
+        time.sleep(0.05)
+    assert st._unchecked_spans == 0  # checkpointed once ingest went idle
+    assert st.count_spans("r") == 1
+    st.close()

@@ -22,7 +22,6 @@ Definitions (also in docs/service.md):
 from __future__ import annotations
 
 import bisect
-import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -850,8 +849,10 @@ def _span_row(n: SpanNode, t0: int) -> list[Any]:
 
 
 def run_input_from_rows(rows: Any) -> RunInput:
-    """From `starttrace.service.store.RunRows`."""
-    loads = json.loads
+    """From `starttrace.service.store.RunRows`. A span's `attrs` is JSON object text, or the span's
+    raw OTLP protobuf bytes (OTLP ingest; decoded here)."""
+    from starttrace.service.store import decode_attrs
+
     spans = [
         SpanInput(
             trace_id=r[0],
@@ -863,7 +864,7 @@ def run_input_from_rows(rows: Any) -> RunInput:
             end_ns=None if (r[7] and r[6] is None) else r[6],
             in_progress=bool(r[7]),
             instant=bool(r[8]),
-            attrs=loads(r[9]) if r[9] else {},
+            attrs=decode_attrs(r[9]),
             error=r[10],
             thread=r[11],
         )

@@ -18,7 +18,6 @@ import json
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from json.encoder import encode_basestring_ascii as _enc_str  # type: ignore[attr-defined]
 from typing import Any
 
 import anyio.to_thread
@@ -29,7 +28,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -204,48 +204,134 @@ def _attrs(kvs: Any) -> dict[str, Any]:
     return out
 
 
-_KEY_CACHE: dict[str, str] = {}  # attribute key -> its JSON text followed by ':'
-_KEY_CACHE_MAX = 4096
 _IN_PROGRESS = "starttrace.in_progress"
 _SCOPE_KEY = "otel.scope.name"
 _MAX_NS = (1 << 63) - 1  # SQLite integers are signed 64-bit
 
 
-def _dump_value(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), default=str)
-
-
-def _attrs_json(kvs: Any) -> tuple[list[str], bool, bool]:
-    """A span's attributes as JSON object members (`"key":value`), without building a dict.
-
-    Same text as `json.dumps(dict)` once loaded (a repeated key: the last value wins, like the
-    dict). Returns (members, starttrace.in_progress is true, otel.scope.name present)."""
-    parts: list[str] = []
-    in_progress = False
-    has_scope = False
-    keys = _KEY_CACHE
-    for kv in kvs:
-        key = kv.key
-        prefix = keys.get(key)
-        if prefix is None:
-            prefix = _enc_str(key) + ":"
-            if len(keys) < _KEY_CACHE_MAX:
-                keys[key] = prefix
-        v = kv.value
-        kind = v.WhichOneof("value")
-        if kind == "string_value":
-            parts.append(prefix + _enc_str(v.string_value))
-        elif kind == "int_value":
-            parts.append(prefix + str(v.int_value))
-        elif kind == "bool_value":
-            parts.append(prefix + ("true" if v.bool_value else "false"))
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(low | 0x80)
         else:
-            parts.append(prefix + _dump_value(any_value(v)))
-        if key == _IN_PROGRESS:
-            in_progress = kind == "bool_value" and v.bool_value
-        elif key == _SCOPE_KEY:
-            has_scope = True
-    return parts, in_progress, has_scope
+            out.append(low)
+            return bytes(out)
+
+
+def _build_lite_types() -> Any:
+    """`ExportTraceServiceRequest` with each span left as its raw bytes (same field numbers and
+    wire types): the receiver parses each span itself (`Span.FromString`, in C) and stores those
+    bytes as the span's attributes, so no attribute is read in Python at ingest."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from opentelemetry.proto.trace.v1 import trace_pb2 as _t  # noqa: F401  (registers the deps)
+
+    fdp = descriptor_pb2.FieldDescriptorProto
+    scope_type = ".opentelemetry.proto.common.v1.InstrumentationScope"
+    pool = descriptor_pool.Default()
+    name = "starttrace/service/otlp_lite.proto"
+    try:
+        pool.FindFileByName(name)
+    except KeyError:
+        fd = descriptor_pb2.FileDescriptorProto(
+            name=name,
+            package="starttrace.otlp_lite",
+            syntax="proto3",
+            dependency=["opentelemetry/proto/common/v1/common.proto", "opentelemetry/proto/resource/v1/resource.proto"],
+        )
+        for msg_name, fields in (
+            (
+                "ScopeSpans",
+                [
+                    ("scope", 1, fdp.TYPE_MESSAGE, fdp.LABEL_OPTIONAL, scope_type),
+                    ("spans", 2, fdp.TYPE_BYTES, fdp.LABEL_REPEATED, ""),
+                    ("schema_url", 3, fdp.TYPE_STRING, fdp.LABEL_OPTIONAL, ""),
+                ],
+            ),
+            (
+                "ResourceSpans",
+                [
+                    ("resource", 1, fdp.TYPE_MESSAGE, fdp.LABEL_OPTIONAL, ".opentelemetry.proto.resource.v1.Resource"),
+                    ("scope_spans", 2, fdp.TYPE_MESSAGE, fdp.LABEL_REPEATED, ".starttrace.otlp_lite.ScopeSpans"),
+                    ("schema_url", 3, fdp.TYPE_STRING, fdp.LABEL_OPTIONAL, ""),
+                ],
+            ),
+            (
+                "Request",
+                [("resource_spans", 1, fdp.TYPE_MESSAGE, fdp.LABEL_REPEATED, ".starttrace.otlp_lite.ResourceSpans")],
+            ),
+        ):
+            m = fd.message_type.add(name=msg_name)
+            for fname, number, ftype, label, tname in fields:
+                f = m.field.add(name=fname, number=number, type=ftype, label=label)
+                if tname:
+                    f.type_name = tname
+        pool.Add(fd)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("starttrace.otlp_lite.Request"))
+
+
+def _attrs_only_type() -> Any:
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    fdp = descriptor_pb2.FieldDescriptorProto
+    pool = descriptor_pool.Default()
+    name = "starttrace/service/otlp_attrs.proto"
+    try:
+        pool.FindFileByName(name)
+    except KeyError:
+        fd = descriptor_pb2.FileDescriptorProto(
+            name=name,
+            package="starttrace.otlp_attrs",
+            syntax="proto3",
+            dependency=["opentelemetry/proto/common/v1/common.proto"],
+        )
+        m = fd.message_type.add(name="SpanAttributes")
+        m.field.add(
+            name="attributes",
+            number=9,
+            type=fdp.TYPE_MESSAGE,
+            label=fdp.LABEL_REPEATED,
+            type_name=".opentelemetry.proto.common.v1.KeyValue",
+        )
+        pool.Add(fd)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("starttrace.otlp_attrs.SpanAttributes"))
+
+
+_LiteRequest = _build_lite_types()
+_ATTR_TAG = b"J"  # Span.attributes: field 9, length-delimited
+_IN_PROGRESS_B = _IN_PROGRESS.encode()
+_SCOPE_KEY_B = _SCOPE_KEY.encode()
+_EXCEPTION_B = b"exception"
+
+
+def _scope_suffix(scope: str) -> bytes:
+    """A serialized `Span.attributes` entry `otel.scope.name = scope`, appended to a span's bytes
+    (a repeated field may be continued anywhere in a message: it parses as one more attribute)."""
+    kv = KeyValue(key=_SCOPE_KEY, value=AnyValue(string_value=scope)).SerializeToString()
+    return _ATTR_TAG + _varint(len(kv)) + kv
+
+
+def _in_progress(span: Span) -> bool:
+    value = False
+    for kv in span.attributes:
+        if kv.key == _IN_PROGRESS:
+            v = kv.value
+            value = v.WhichOneof("value") == "bool_value" and v.bool_value
+    return value
+
+
+_AttrsOnly: Any = None
+
+
+def span_attrs(raw: bytes) -> dict[str, Any]:
+    """The attributes of a span stored as raw OTLP bytes (a repeated key: the last value wins).
+    Parsed with a message that declares only `attributes`: the rest of the span is skipped."""
+    global _AttrsOnly
+    if _AttrsOnly is None:
+        _AttrsOnly = _attrs_only_type()
+    return _attrs(_AttrsOnly.FromString(raw).attributes)
 
 
 @dataclass
@@ -256,23 +342,33 @@ class Decoded:
     errors: list[str]
 
 
-def decode(msg: ExportTraceServiceRequest) -> Decoded:
+def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
+    """Rows from a request (its protobuf bytes, or a parsed message).
+
+    Each span is parsed on its own from its raw bytes (full validation: a malformed span fails
+    the request, as before); the stored attributes are those raw bytes (plus the scope name as one
+    more attribute), decoded only when a run's model is built (`store.decode_attrs`)."""
+    if not isinstance(msg, bytes):
+        msg = msg.SerializeToString()
+    lite = _LiteRequest.FromString(msg)
     processes: list[ProcessBatch] = []
     accepted = rejected = 0
     errors: list[str] = []
-    attrs_json = _attrs_json
     zero_trace = _ZERO_TRACE
     zero_span = _ZERO_SPAN
-    for rs in msg.resource_spans:
+    parse_span = Span.FromString
+    max_ns = _MAX_NS
+    for rs in lite.resource_spans:
         resource = _attrs(rs.resource.attributes)
         rows: list[SpanTuple] = []
         append = rows.append
         for ss in rs.scope_spans:
             scope = ss.scope.name
-            scope_member = None
+            suffix = None
             if scope and not scope.startswith("starttrace"):
-                scope_member = _enc_str(_SCOPE_KEY) + ":" + _enc_str(scope)
-            for sp in ss.spans:
+                suffix = _scope_suffix(scope)
+            for raw in ss.spans:
+                sp = parse_span(raw)
                 tid = sp.trace_id
                 sid = sp.span_id
                 pid = sp.parent_span_id
@@ -290,42 +386,35 @@ def decode(msg: ExportTraceServiceRequest) -> Decoded:
                     pid = b""
                 start = sp.start_time_unix_nano
                 end = sp.end_time_unix_nano
-                if start > _MAX_NS or end > _MAX_NS:
+                if start > max_ns or end > max_ns:
                     rejected += 1
                     if len(errors) < 5:
                         errors.append(f"span {sp.name[:80]!r}: timestamp out of range")
                     continue
                 if end < start:
                     end = start
-                if sp.attributes:
-                    parts, in_progress, has_scope = attrs_json(sp.attributes)
-                    if scope_member is not None and not has_scope:
-                        parts.append(scope_member)
-                    attrs = "{" + ",".join(parts) + "}"
-                elif scope_member is not None:
-                    in_progress = False
-                    attrs = "{" + scope_member + "}"
-                else:
-                    in_progress = False
-                    attrs = None
+                # byte searches first: the attribute list is read only when the key may be there
+                in_progress = _IN_PROGRESS_B in raw and _in_progress(sp)
+                if suffix is not None and not (
+                    _SCOPE_KEY_B in raw and any(kv.key == _SCOPE_KEY for kv in sp.attributes)
+                ):
+                    raw += suffix
                 error = None
-                status = sp.status
-                if status.code == _STATUS_ERROR:
-                    error = status.message or "error"
-                if error is None and sp.events and any(e.name == "exception" for e in sp.events):
+                if sp.HasField("status") and sp.status.code == _STATUS_ERROR:
+                    error = sp.status.message or "error"
+                if error is None and _EXCEPTION_B in raw and any(e.name == "exception" for e in sp.events):
                     error = "exception"
-                name = sp.name
                 append(
                     (
                         tid.hex(),
                         sid.hex(),
                         pid.hex() if pid else None,
-                        name,
+                        sp.name,
                         start,
                         end,
                         1 if in_progress else 0,
                         1 if end == start and not in_progress else 0,
-                        attrs,
+                        raw,
                         error,
                         None,
                     )
@@ -367,6 +456,12 @@ def success_response(rejected: int, errors: list[str], encoding: str) -> Respons
 
 
 def _parse_and_decode(body: bytes, ctype: str) -> Decoded:
+    if ctype == PROTOBUF:
+        # every span is parsed (and so validated) by `decode` itself; only the envelope is checked here
+        try:
+            return decode(body)
+        except (DecodeError, ValueError, RuntimeError) as exc:
+            raise BadRequest(f"invalid protobuf ExportTraceServiceRequest: {exc}") from None
     return decode(parse_request(body, ctype))
 
 

@@ -83,8 +83,23 @@ CREATE TABLE IF NOT EXISTS problems (
 );
 """
 
-# (trace_id, span_id, parent_id, name, start_ns, end_ns, in_progress, instant, attrs_json, error, thread)
-SpanTuple = tuple[str, str, "str | None", str, int, "int | None", int, int, "str | None", "str | None", "int | None"]
+# (trace_id, span_id, parent_id, name, start_ns, end_ns, in_progress, instant, attrs, error, thread)
+# attrs: JSON object text (journal), or the span's raw OTLP protobuf bytes (see `decode_attrs`)
+SpanTuple = tuple[
+    str, str, "str | None", str, int, "int | None", int, int, "str | bytes | None", "str | None", "int | None"
+]
+
+
+def decode_attrs(value: str | bytes | None) -> dict[str, Any]:
+    """A stored `attrs` value as a dict: JSON object text, or the raw bytes of an OTLP `Span`
+    (its `attributes`; the receiver stores spans as received and decodes them only here)."""
+    if not value:
+        return {}
+    if isinstance(value, str):
+        return dict(json.loads(value))
+    from starttrace.service.otlp_receiver import span_attrs
+
+    return span_attrs(bytes(value))
 
 
 @dataclass
@@ -151,9 +166,10 @@ SPAN_COLUMNS = (
 )
 
 
+# the columns in SpanTuple order, then the process's (run_id, lane_id, source)
 _SPAN_INSERT_HEAD = (
-    "INSERT INTO spans(trace_id, span_id, run_id, lane_id, parent_id, name, start_ns, end_ns,"
-    " in_progress, instant, attrs, error, thread, source) VALUES "
+    "INSERT INTO spans(trace_id, span_id, parent_id, name, start_ns, end_ns,"
+    " in_progress, instant, attrs, error, thread, run_id, lane_id, source) VALUES "
 )
 _SPAN_CONFLICT = (
     " ON CONFLICT(span_id, trace_id) DO UPDATE SET"
@@ -174,6 +190,10 @@ SPAN_CHUNK_ROWS = 1024
 def _span_upsert_sql(rows: int) -> str:
     return _SPAN_INSERT_HEAD + ",".join([_ROW_PLACEHOLDERS] * rows) + _SPAN_CONFLICT
 
+
+# WAL checkpoints (see Store.__init__): after this many seconds without ingest, or this many spans
+CHECKPOINT_IDLE_S = 0.5
+CHECKPOINT_SPANS = 250_000
 
 _span_key = operator.itemgetter(1)  # span_id: the first column of the unique index
 
@@ -212,6 +232,11 @@ class Store:
         self._trace_runs: dict[str, str] = {}
         self._writer_conn = self._connect()
         self._writer_conn.executescript(SCHEMA)
+        # The writer checkpoints the WAL itself: when ingest goes idle, else every
+        # CHECKPOINT_SPANS spans (SQLite's automatic checkpoint would copy pages to the database
+        # file, and fsync it, in the middle of a burst, on the writer's critical path).
+        self._writer_conn.execute("PRAGMA wal_autocheckpoint=0")
+        self._unchecked_spans = 0
         max_vars = self._writer_conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         self._chunk_rows = max(1, min(SPAN_CHUNK_ROWS, max_vars // _SPAN_PARAMS))
         for trace_id, run_id in self._writer_conn.execute("SELECT trace_id, run_id FROM runs"):
@@ -293,9 +318,22 @@ class Store:
         self._queue.put(IngestBatch(processes=[], done=event))
         return event.wait(timeout)
 
+    def _checkpoint(self) -> None:
+        self._unchecked_spans = 0
+        try:
+            with self.write_lock:
+                self._writer_conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except sqlite3.Error as exc:
+            self.errors.append(f"checkpoint: {type(exc).__name__}: {exc}")
+            del self.errors[:-20]
+
     def _run_writer(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=CHECKPOINT_IDLE_S if self._unchecked_spans else None)
+            except queue.Empty:
+                self._checkpoint()  # idle: nothing queued for a while
+                continue
             batches: list[IngestBatch] = []
             stop = item is None
             if item is not None:
@@ -323,6 +361,8 @@ class Store:
                         b.done.set()
             if stop:
                 return
+            if self._unchecked_spans >= CHECKPOINT_SPANS:
+                self._checkpoint()
 
     def _resolve_run(self, conn: sqlite3.Connection, run_id: str, trace_id: str | None) -> None:
         """Remember trace -> run, and merge a run that was filed under the bare trace id."""
@@ -400,8 +440,11 @@ class Store:
             finally:
                 with self._queued_lock:
                     self._queued_spans = max(0, self._queued_spans - sum(b.span_count() for b in batches))
+        self._unchecked_spans += sum(stored.values()) + 1
         for run_id in touched:
             self._versions[run_id] = self._versions.get(run_id, 0) + 1
+        if self._thread is None and self._unchecked_spans >= CHECKPOINT_SPANS:
+            self._checkpoint()  # no writer thread (synchronous use): checkpoint here
         if self.on_stored is not None:
             for source, n in stored.items():
                 self.on_stored(source, n)
@@ -498,9 +541,8 @@ class Store:
                 ),
             )
             if spans:
-                ids = (run_id, lane)
-                tail = (proc.source,)
-                pending.extend([s[:2] + ids + s[2:] + tail for s in spans])
+                tail = (run_id, lane, proc.source)
+                pending.extend([s + tail for s in spans])
                 first = min(s[4] for s in spans)
                 last = max(s[5] if s[5] is not None else s[4] for s in spans)
             else:
@@ -643,6 +685,7 @@ class Store:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+        self._unchecked_spans += len(ids)
         for rid in ids:
             self._versions.pop(rid, None)
             for t, r in list(self._trace_runs.items()):
