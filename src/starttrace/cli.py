@@ -317,15 +317,19 @@ def serve(
 ) -> None:
     """The starttrace service: OTLP/HTTP receiver, /startup waterfalls, /metrics."""
     from starttrace.service.server import serve as run_server
+    from starttrace.service.store import SchemaError
 
-    run_server(
-        host=host,
-        port=port,
-        db=str(db) if db else None,
-        journal_dir=None if no_journal else str(journal_dir or default_root()),
-        token=token,
-        retention=retention,
-    )
+    try:
+        run_server(
+            host=host,
+            port=port,
+            db=str(db) if db else None,
+            journal_dir=None if no_journal else str(journal_dir or default_root()),
+            token=token,
+            retention=retention,
+        )
+    except (SchemaError, ValueError) as exc:
+        raise _fail(str(exc)) from None
 
 
 @app.command()

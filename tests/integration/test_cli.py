@@ -124,3 +124,24 @@ def test_help_of_every_command(cli: Callable[..., subprocess.CompletedProcess[st
     script = Path(venv_python).parent / "starttrace"  # the console script entry point
     version = subprocess.run([str(script), "version"], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0 and version.stdout.strip() == __version__
+
+
+def test_serve_refuses_a_database_of_an_older_schema(
+    cli: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    import sqlite3
+
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old) as connection:  # the 0.1 pre-release layout: spans with text run/lane columns
+        connection.execute("CREATE TABLE spans (span_id TEXT, trace_id TEXT, run_id TEXT, lane_id TEXT)")
+    before = old.read_bytes()
+    done = cli("serve", "--db", str(old), "--port", "1", "--no-journal")
+    assert done.returncode == 2
+    assert "older starttrace service" in done.stderr and "choose another --db" in done.stderr
+    assert old.read_bytes() == before  # nothing touched
+
+
+def test_serve_rejects_a_bad_retention(cli: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
+    done = cli("serve", "--db", str(tmp_path / "new.db"), "--port", "1", "--no-journal", "--retention", "soon")
+    assert done.returncode == 2
+    assert "soon" in done.stderr

@@ -12,6 +12,7 @@ ended span is never replaced by an in-progress copy of itself.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import operator
@@ -57,25 +58,34 @@ CREATE TABLE IF NOT EXISTS processes (
     journal_path TEXT,
     PRIMARY KEY (run_id, lane_id)
 );
-CREATE TABLE IF NOT EXISTS spans (
-    seq INTEGER PRIMARY KEY,
-    trace_id TEXT NOT NULL,
-    span_id TEXT NOT NULL,
+CREATE TABLE IF NOT EXISTS traces (
+    id INTEGER PRIMARY KEY,
+    trace_id TEXT NOT NULL UNIQUE
+);
+CREATE TABLE IF NOT EXISTS lanes (
+    id INTEGER PRIMARY KEY,
     run_id TEXT NOT NULL,
     lane_id TEXT NOT NULL,
+    source TEXT NOT NULL,
+    UNIQUE (run_id, lane_id, source)
+);
+CREATE TABLE IF NOT EXISTS spans (
+    seq INTEGER PRIMARY KEY,
+    span_id TEXT NOT NULL,
+    trace INTEGER NOT NULL,  -- traces.id
+    lane INTEGER NOT NULL,  -- lanes.id: (run_id, lane_id, source) of the process that stored it
     parent_id TEXT,
     name TEXT NOT NULL,
     start_ns INTEGER NOT NULL,
     end_ns INTEGER,
     in_progress INTEGER NOT NULL,
     instant INTEGER NOT NULL,
-    attrs TEXT,
+    attrs BLOB,
     error TEXT,
-    thread INTEGER,
-    source TEXT
+    thread INTEGER
 );
-CREATE UNIQUE INDEX IF NOT EXISTS spans_key ON spans(span_id, trace_id);
-CREATE INDEX IF NOT EXISTS spans_run ON spans(run_id);
+CREATE UNIQUE INDEX IF NOT EXISTS spans_key ON spans(span_id, trace);
+CREATE INDEX IF NOT EXISTS spans_lane ON spans(lane);
 CREATE TABLE IF NOT EXISTS problems (
     run_id TEXT NOT NULL,
     message TEXT NOT NULL,
@@ -166,25 +176,39 @@ SPAN_COLUMNS = (
 )
 
 
-# the columns in SpanTuple order, then the process's (run_id, lane_id, source)
+# the columns in SpanTuple order without trace_id, then the traces.id of the trace id and the
+# lanes.id of the process's (run_id, lane_id, source): 12 bound values per row
 _SPAN_INSERT_HEAD = (
-    "INSERT INTO spans(trace_id, span_id, parent_id, name, start_ns, end_ns,"
-    " in_progress, instant, attrs, error, thread, run_id, lane_id, source) VALUES "
+    "INSERT INTO spans(span_id, parent_id, name, start_ns, end_ns,"
+    " in_progress, instant, attrs, error, thread, trace, lane) VALUES "
 )
 _SPAN_CONFLICT = (
-    " ON CONFLICT(span_id, trace_id) DO UPDATE SET"
+    " ON CONFLICT(span_id, trace) DO UPDATE SET"
     " end_ns = excluded.end_ns, in_progress = excluded.in_progress, attrs = excluded.attrs,"
     " error = excluded.error, name = excluded.name, parent_id = excluded.parent_id"
     " WHERE spans.in_progress = 1 OR (excluded.in_progress = 0 AND"
     "   (spans.attrs IS NOT excluded.attrs OR spans.end_ns IS NOT excluded.end_ns))"
 )
-_SPAN_PARAMS = 14
+_SPAN_PARAMS = 12
 _ROW_PLACEHOLDERS = "(" + ",".join("?" * _SPAN_PARAMS) + ")"
 SPAN_UPSERT = _SPAN_INSERT_HEAD + _ROW_PLACEHOLDERS + _SPAN_CONFLICT
 # Rows per multi-row upsert statement: one statement binds a chunk of rows, then SQLite inserts them
 # all in one step with the GIL released (executemany re-takes the GIL for every row, so the writer
 # would stall behind the request handlers' decoding). Duplicates inside a chunk are upserted in order.
 SPAN_CHUNK_ROWS = 1024
+
+
+# SPAN_COLUMNS of one run's spans
+_SPAN_SELECT = (
+    "SELECT t.trace_id, s.span_id, l.lane_id, s.parent_id, s.name, s.start_ns, s.end_ns, s.in_progress,"
+    " s.instant, s.attrs, s.error, s.thread FROM lanes l JOIN spans s ON s.lane = l.id"
+    " JOIN traces t ON t.id = s.trace WHERE l.run_id = ? ORDER BY s.start_ns"
+)
+_RUN_LANES = "SELECT id FROM lanes WHERE run_id = ?"
+
+
+class SchemaError(RuntimeError):
+    """The database file was written by an older, incompatible version of the store."""
 
 
 def _span_upsert_sql(rows: int) -> str:
@@ -195,7 +219,7 @@ def _span_upsert_sql(rows: int) -> str:
 CHECKPOINT_IDLE_S = 0.5
 CHECKPOINT_SPANS = 250_000
 
-_span_key = operator.itemgetter(1)  # span_id: the first column of the unique index
+_span_key = operator.itemgetter(0)  # span_id: the first column of the unique index
 
 
 class StoreSaturated(Exception):
@@ -230,6 +254,17 @@ class Store:
         self._local = threading.local()
         self._versions: dict[str, int] = {}
         self._trace_runs: dict[str, str] = {}
+        self._lane_ids: dict[tuple[str, str, str], int] = {}  # (run_id, lane_id, source) -> lanes.id
+        self._trace_ids: dict[str, int] = {}  # trace id -> traces.id
+        if self.path != ":memory:" and Path(self.path).exists():
+            # check before _connect() switches the file to WAL: a refused file stays untouched
+            with contextlib.closing(sqlite3.connect(self.path)) as probe:
+                span_cols = {r[1] for r in probe.execute("PRAGMA table_info(spans)")}
+            if span_cols and "lane" not in span_cols:
+                raise SchemaError(
+                    f"{self.path}: database written by an older starttrace service (spans table without"
+                    " lanes); it is not migrated: delete the file or choose another --db"
+                )
         self._writer_conn = self._connect()
         self._writer_conn.executescript(SCHEMA)
         # The writer checkpoints the WAL itself: when ingest goes idle, else every
@@ -376,8 +411,16 @@ class Store:
             return
         if known == trace_id and run_id != trace_id:
             # spans without starttrace.run_id (e.g. vLLM's own) arrived first: move them over
-            conn.execute("UPDATE OR IGNORE spans SET run_id = ? WHERE run_id = ?", (run_id, known))
-            conn.execute("DELETE FROM spans WHERE run_id = ?", (known,))
+            # each lane of the old run becomes (or, if the new run has it already, joins) the same
+            # lane of the new run; lane ids are kept where possible (rows of this transaction use them)
+            self._lane_ids.clear()
+            conn.execute("UPDATE OR IGNORE lanes SET run_id = ? WHERE run_id = ?", (run_id, known))
+            for old_id, lane_id, source in conn.execute(
+                "SELECT id, lane_id, source FROM lanes WHERE run_id = ?", (known,)
+            ).fetchall():
+                new_id = self._lane_ref(conn, run_id, lane_id, source)
+                conn.execute("UPDATE spans SET lane = ? WHERE lane = ?", (new_id, old_id))
+            conn.execute("DELETE FROM lanes WHERE run_id = ?", (known,))
             conn.execute("UPDATE OR IGNORE processes SET run_id = ? WHERE run_id = ?", (run_id, known))
             conn.execute("DELETE FROM processes WHERE run_id = ?", (known,))
             conn.execute("DELETE FROM runs WHERE run_id = ?", (known,))
@@ -436,6 +479,8 @@ class Store:
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
+                self._lane_ids.clear()  # ids created by the rolled-back transaction
+                self._trace_ids.clear()
                 raise
             finally:
                 with self._queued_lock:
@@ -460,6 +505,27 @@ class Store:
         if full < len(rows):
             rest = rows[full:]
             conn.execute(_span_upsert_sql(len(rest)), list(chain(rest)))
+
+    def _lane_ref(self, conn: sqlite3.Connection, run_id: str, lane_id: str, source: str) -> int:
+        """lanes.id of (run_id, lane_id, source), created if new (inside the writer's transaction)."""
+        key = (run_id, lane_id, source)
+        ref = self._lane_ids.get(key)
+        if ref is None:
+            conn.execute("INSERT OR IGNORE INTO lanes(run_id, lane_id, source) VALUES (?, ?, ?)", key)
+            row = conn.execute(
+                "SELECT id FROM lanes WHERE run_id = ? AND lane_id = ? AND source = ?", key
+            ).fetchone()
+            ref = self._lane_ids[key] = int(row[0])
+        return ref
+
+    def _trace_ref(self, conn: sqlite3.Connection, trace_id: str) -> int:
+        """traces.id of a trace id, created if new (inside the writer's transaction)."""
+        ref = self._trace_ids.get(trace_id)
+        if ref is None:
+            conn.execute("INSERT OR IGNORE INTO traces(trace_id) VALUES (?)", (trace_id,))
+            row = conn.execute("SELECT id FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
+            ref = self._trace_ids[trace_id] = int(row[0])
+        return ref
 
     def _lane_for(self, conn: sqlite3.Connection, run_id: str, proc: ProcessBatch) -> str:
         if proc.lane_id:
@@ -541,8 +607,12 @@ class Store:
                 ),
             )
             if spans:
-                tail = (run_id, lane, proc.source)
-                pending.extend([s + tail for s in spans])
+                lane_ref = self._lane_ref(conn, run_id, lane, proc.source)
+                traces = self._trace_ids
+                for trace_id in dict.fromkeys([s[0] for s in spans]):  # distinct, in order
+                    if trace_id not in traces:
+                        self._trace_ref(conn, trace_id)
+                pending.extend([(*s[1:], traces[s[0]], lane_ref) for s in spans])
                 first = min(s[4] for s in spans)
                 last = max(s[5] if s[5] is not None else s[4] for s in spans)
             else:
@@ -582,7 +652,8 @@ class Store:
         sql = (
             "SELECT r.run_id, r.trace_id, r.service, r.source, r.first_ns, r.last_ns, r.updated_at, r.version,"
             " (SELECT COUNT(*) FROM processes p WHERE p.run_id = r.run_id),"
-            " (SELECT COUNT(*) FROM spans s WHERE s.run_id = r.run_id) FROM runs r WHERE 1 = 1"
+            " (SELECT COUNT(*) FROM lanes l JOIN spans s ON s.lane = l.id WHERE l.run_id = r.run_id)"
+            " FROM runs r WHERE 1 = 1"
         )
         params: list[Any] = []
         if service is not None:
@@ -639,9 +710,7 @@ class Store:
             names = [c.strip() for c in cols.split(",")]
             rows = conn.execute(f"SELECT {cols} FROM processes WHERE run_id = ?", (run_id,))
             procs = [dict(zip(names, r, strict=True)) for r in rows]
-            spans = conn.execute(
-                f"SELECT {', '.join(SPAN_COLUMNS)} FROM spans WHERE run_id = ? ORDER BY start_ns", (run_id,)
-            ).fetchall()
+            spans = conn.execute(_SPAN_SELECT, (run_id,)).fetchall()
             problems = [str(r[0]) for r in conn.execute("SELECT message FROM problems WHERE run_id = ?", (run_id,))]
         finally:
             conn.execute("COMMIT")
@@ -665,7 +734,11 @@ class Store:
         if run_id is None:
             row = self._reader().execute("SELECT COUNT(*) FROM spans").fetchone()
         else:
-            row = self._reader().execute("SELECT COUNT(*) FROM spans WHERE run_id = ?", (run_id,)).fetchone()
+            row = (
+                self._reader()
+                .execute(f"SELECT COUNT(*) FROM spans WHERE lane IN ({_RUN_LANES})", (run_id,))
+                .fetchone()
+            )
         return int(row[0])
 
     def delete_runs(self, run_ids: Iterable[str]) -> int:
@@ -677,7 +750,8 @@ class Store:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 for rid in ids:
-                    conn.execute("DELETE FROM spans WHERE run_id = ?", (rid,))
+                    conn.execute(f"DELETE FROM spans WHERE lane IN ({_RUN_LANES})", (rid,))
+                    conn.execute("DELETE FROM lanes WHERE run_id = ?", (rid,))
                     conn.execute("DELETE FROM processes WHERE run_id = ?", (rid,))
                     conn.execute("DELETE FROM problems WHERE run_id = ?", (rid,))
                     conn.execute("DELETE FROM runs WHERE run_id = ?", (rid,))
@@ -685,6 +759,8 @@ class Store:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+            finally:
+                self._lane_ids.clear()
         self._unchecked_spans += len(ids)
         for rid in ids:
             self._versions.pop(rid, None)
