@@ -154,6 +154,7 @@ def test_page_lanes_tree_xss(service: str, browser: Any) -> None:
     node = page.locator("#tree-root > details.tree-node").first
     assert node.locator(".tree-children").count() == 0
     node.locator("summary").click()
+    node.locator(".tree-children > *").first.wait_for(timeout=10_000)  # children render on the toggle event
     assert node.locator(".tree-children > *").count() > 0
     # the hotspot table (server-rendered) shows the name as text, too
     assert "<script>alert(1)</script>" in page.locator("#hotspots").inner_text()
