@@ -59,6 +59,7 @@ class ProcessState:
     role = ""
     instance_id = ""
     activation_seen = False
+    exit_status: object = None  # set to _NO_STATUS at activation; sys.exit(status) records it
     # One clock anchor for the whole run (the root's), so every lane converts monotonic time to
     # epoch time the same way and lanes of different processes line up exactly.
     anchor_mono = 0
@@ -115,6 +116,7 @@ def activate() -> None:
 
 
 def _activate() -> None:
+    state.exit_status = _NO_STATUS
     now = monotonic_ns()
     environ = os.environ
     state.activated = now
@@ -392,6 +394,8 @@ def _install_process_hooks() -> None:
         os.fork = _make_fork_wrapper(os.fork)
     if not getattr(os._exit, "__starttrace__", False):
         os._exit = _make_exit_wrapper(os._exit)
+    if not getattr(sys.exit, "__starttrace__", False):
+        sys.exit = _make_sys_exit_wrapper(sys.exit)
 
 
 def _install_probes(probes: list[Any]) -> None:
@@ -414,9 +418,41 @@ def _end_process(exit_code: int | None) -> None:
 
 def _at_exit() -> None:
     try:
-        _end_process(None)
+        _end_process(_exit_code_at_exit())
     except Exception:
         pass
+
+
+def _exit_code_at_exit() -> int | None:
+    """The interpreter's exit status, as far as atexit can know it."""
+    last = getattr(sys, "last_value", None)  # set for an exception that ended the main thread
+    if last is not None and not isinstance(last, SystemExit):
+        return 1
+    status = state.exit_status
+    if status is _NO_STATUS:
+        return None  # the end of the program, or `raise SystemExit(n)`: atexit cannot tell which
+    if status is None:
+        return 0
+    if isinstance(status, int):
+        return status & 0xFF
+    return 1  # sys.exit("message") prints it and exits 1
+
+
+_NO_STATUS = object()
+
+
+def _make_sys_exit_wrapper(real_exit: Any) -> Any:
+    from _thread import get_ident
+
+    def exit(status: object = None) -> None:
+        if get_ident() == recorder._main_ident:  # sys.exit in a thread ends only that thread
+            state.exit_status = status
+        real_exit(status)
+
+    exit.__starttrace__ = True  # type: ignore[attr-defined]
+    exit.__wrapped__ = real_exit  # type: ignore[attr-defined]
+    exit.__doc__ = real_exit.__doc__
+    return exit
 
 
 def _make_exit_wrapper(real_exit: Any) -> Any:
@@ -487,6 +523,7 @@ def _after_fork_in_child() -> None:
         state.role = ""
         state.in_launch = 0
         state.bootstrap_span = ""
+        state.exit_status = _NO_STATUS
         state.method = "forkserver" if forked_by_forkserver else "fork"
         _open_journal(parent_span, None, created, now)
         if forked_for_process:

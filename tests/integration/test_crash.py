@@ -245,3 +245,33 @@ def test_process_record_lists_preloaded_modules(tmp_path: Path) -> None:
     assert "colorsys" not in process.preloaded
     imports = [s.name for s in process.spans if s.attrs.get("starttrace.phase") == "import"]
     assert [name for name in imports if "customize" not in name] == ["import colorsys"]  # site's own tries stay
+
+
+@pytest.mark.parametrize(
+    ("program", "expected"),
+    [
+        ("import sys; sys.exit(3)", 3),
+        ("import sys; sys.exit('bye')", 1),
+        ("import sys; sys.exit()", 0),
+        ("raise RuntimeError('boom')", 1),
+    ],
+)
+def test_exit_status_is_recorded(tmp_path: Path, program: str, expected: int) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=traced_env(tmp_path / "runs"), capture_output=True, timeout=60
+    )
+    assert done.returncode == expected
+    (process,) = only_run(tmp_path / "runs").processes
+    assert process.exited and process.exit_code == expected
+
+
+def test_sys_exit_in_a_thread_is_not_the_process_exit_status(tmp_path: Path) -> None:
+    program = (
+        "import sys, threading\nt = threading.Thread(target=sys.exit, args=(5,)); t.start(); t.join()\nsys.exit(0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=traced_env(tmp_path / "runs"), capture_output=True, timeout=60
+    )
+    assert done.returncode == 0
+    (process,) = only_run(tmp_path / "runs").processes
+    assert process.exit_code == 0
