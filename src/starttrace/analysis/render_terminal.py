@@ -68,10 +68,18 @@ def render_report(model: RunModel, console: Console) -> None:
 
     if model.phases:
         phases = [p for p in model.phases if p not in ("ready",)]
-        pt = Table(title="seconds per phase")
-        pt.add_column("process")
+        # as many phase columns as the console has room for, the costliest first (all of them
+        # are in `report --json` and on the web page)
+        totals = {ph: sum(lane.phases.get(ph, 0) for lane in model.lanes) for ph in phases}
+        room = max(3, (console.width - 24) // 11)
+        shown = sorted(phases, key=lambda ph: -totals[ph])[:room]
+        hidden = len(phases) - len(shown)
+        phases = [ph for ph in phases if ph in shown]
+        title = "seconds per phase" + (f" (the {len(phases)} costliest; {hidden} more in --json)" if hidden else "")
+        pt = Table(title=title)
+        pt.add_column("process", no_wrap=True)
         for ph in phases:
-            pt.add_column(ph, justify="right")
+            pt.add_column(ph, justify="right", no_wrap=True, overflow="ellipsis")
         for lane in model.lanes:
             pt.add_row(Text(lane.label), *[_s(lane.phases[ph] / 1e9) if ph in lane.phases else "" for ph in phases])
         console.print(pt)
