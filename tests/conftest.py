@@ -14,6 +14,7 @@ under tests/, and `import conftest` would pick whichever one came first.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import subprocess
@@ -183,8 +184,8 @@ class OtlpReceiver:
             time.sleep(0.1)
 
 
-@pytest.fixture
-def otlp_receiver() -> Iterator[OtlpReceiver]:
+@contextlib.contextmanager
+def running_otlp_receiver() -> Iterator[OtlpReceiver]:
     """POST /v1/traces with a protobuf ExportTraceServiceRequest -> 200 + ExportTraceServiceResponse."""
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
@@ -234,3 +235,17 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+@pytest.fixture
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    """A local OTLP/HTTP receiver for one test (see `running_otlp_receiver`)."""
+    with running_otlp_receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def module_otlp_receiver() -> Iterator[OtlpReceiver]:
+    """The same receiver, shared by the tests of a module (e.g. one real vLLM run)."""
+    with running_otlp_receiver() as receiver:
+        yield receiver

@@ -266,21 +266,28 @@ def service_name() -> str:
     return os.path.basename(argv[0]) if argv else "python"
 
 
-def process_creation_ns(now: int) -> int:
-    """Monotonic time of this process's creation, from /proc (clock ticks since boot)."""
+def process_start_monotonic(pid: int | str = "self") -> tuple[int, bytes] | None:
+    """(monotonic ns of the process's creation, its state letter) from /proc/<pid>/stat, which
+    counts clock ticks since boot; None when there is no such process (or no /proc)."""
     try:
-        with open("/proc/self/stat", "rb") as handle:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
         fields = stat[stat.rindex(b")") + 2 :].split()
         start_ticks = int(fields[19])
-        ticks = os.sysconf("SC_CLK_TCK")
-        import time as _time
+        import time as _time  # a builtin module
 
-        boot_now = _time.clock_gettime_ns(_time.CLOCK_BOOTTIME)
-        since_start = boot_now - start_ticks * 1_000_000_000 // ticks
-        return min(now, monotonic_ns() - since_start)
-    except Exception:
-        return now
+        since_start = _time.clock_gettime_ns(_time.CLOCK_BOOTTIME) - start_ticks * 1_000_000_000 // os.sysconf(
+            "SC_CLK_TCK"
+        )
+        return monotonic_ns() - since_start, fields[0]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_creation_ns(now: int) -> int:
+    """Monotonic time of this process's creation (never later than `now`)."""
+    started = process_start_monotonic()
+    return now if started is None else min(now, started[0])
 
 
 def _process_record(parent_span: str | None, launch_pid: int | None, created: int, now: int) -> str:
@@ -473,9 +480,7 @@ def _make_fork_wrapper(real_fork: Any) -> Any:
         if not recorder.active():
             return real_fork()
         attrs: dict[str, Any] = {"starttrace.phase": "fork"}
-        if _cuda_initialized():
-            attrs["starttrace.cuda_before_fork"] = True
-            recorder.set_process_attrs({"starttrace.cuda_before_fork": True})
+        flag_cuda_before_fork(attrs)
         state.fork_started = monotonic_ns()
         state.fork_span = recorder.begin("process.fork", attrs, t=state.fork_started)
         try:
@@ -492,6 +497,14 @@ def _make_fork_wrapper(real_fork: Any) -> Any:
     fork.__starttrace__ = True  # type: ignore[attr-defined]
     fork.__wrapped__ = real_fork  # type: ignore[attr-defined]
     return fork
+
+
+def flag_cuda_before_fork(attrs: dict[str, Any]) -> None:
+    """About to fork or launch: if this process initialized CUDA, say so on the span (`attrs`)
+    and on the process (the CUDA-clean audit)."""
+    if _cuda_initialized():
+        attrs["starttrace.cuda_before_fork"] = True
+        recorder.set_process_attrs({"starttrace.cuda_before_fork": True})
 
 
 def _cuda_initialized() -> bool:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from starttrace.boot import default_journal_root, process_start_monotonic
+
 LAUNCH_SPANS = ("process.fork", "process.launch", "forkserver.start")
 READY_SPANS = ("ready", "process.ready")
 
@@ -109,11 +111,8 @@ class Run:
 
 
 def default_root() -> Path:
-    configured = os.environ.get("STARTTRACE_DIR")
-    if configured:
-        return Path(configured)
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(state) / "starttrace" / "runs"
+    """The journal root: STARTTRACE_DIR, else the default the traced processes use."""
+    return Path(os.environ.get("STARTTRACE_DIR") or default_journal_root())
 
 
 def list_run_dirs(root: Path) -> list[Path]:
@@ -243,26 +242,14 @@ def _resource(record: dict[str, Any], attrs: dict[str, Any], run_id: str) -> dic
 
 
 def _alive(pid: int, created_mono: int, host: str) -> bool | None:
+    """Is the journal's process still running (same pid, same creation time)? None: another host."""
     if host and host != os.uname().nodename:
         return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
+    started = process_start_monotonic(pid)
+    if started is None or started[1] == b"Z":
         return False
-    try:
-        fields = stat[stat.rindex(b")") + 2 :].split()
-        if fields[0] == b"Z":
-            return False
-        ticks = os.sysconf("SC_CLK_TCK")
-        import time
-
-        start_mono = time.monotonic_ns() - (
-            time.clock_gettime_ns(time.CLOCK_BOOTTIME) - int(fields[19]) * 10**9 // ticks
-        )
-        return abs(start_mono - created_mono) < 2 * 10**9 // ticks + 50_000_000
-    except (ValueError, IndexError, OSError):
-        return None
+    tick = 10**9 // os.sysconf("SC_CLK_TCK")
+    return abs(started[0] - created_mono) < 2 * tick + 50_000_000
 
 
 def read_run(run_dir: Path) -> Run:

@@ -17,15 +17,11 @@ Skipped (with the reason) only when vllm is not importable.
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
 import re
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,72 +93,6 @@ API_PHASES = (
 # --- a small OTLP/HTTP (protobuf) receiver for vLLM's own spans ----------------------------------
 
 
-@dataclass
-class Received:
-    spans: list[dict[str, Any]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def snapshot(self) -> list[dict[str, Any]]:
-        with self.lock:
-            return list(self.spans)
-
-
-def _value(any_value: Any) -> Any:
-    kind = any_value.WhichOneof("value")
-    return getattr(any_value, kind) if kind else None
-
-
-@pytest.fixture(scope="module")
-def receiver() -> Iterator[tuple[str, Received]]:
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-        ExportTraceServiceResponse,
-    )
-
-    received = Received()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if self.headers.get("Content-Encoding", "").lower() == "gzip":
-                body = gzip.decompress(body)
-            request = ExportTraceServiceRequest()
-            request.ParseFromString(body)
-            with received.lock:
-                for resource_spans in request.resource_spans:
-                    resource = {kv.key: _value(kv.value) for kv in resource_spans.resource.attributes}
-                    for scope in resource_spans.scope_spans:
-                        for span in scope.spans:
-                            received.spans.append(
-                                {
-                                    "name": span.name,
-                                    "trace_id": span.trace_id.hex(),
-                                    "span_id": span.span_id.hex(),
-                                    "parent_id": span.parent_span_id.hex(),
-                                    "resource": resource,
-                                }
-                            )
-            answer = ExportTraceServiceResponse().SerializeToString()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(answer)))
-            self.end_headers()
-            self.wfile.write(answer)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1/traces", received
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 # --- the traced run --------------------------------------------------------------------------------
 
 
@@ -172,12 +102,12 @@ class Served:
     completion: dict[str, Any]
     ready_s: float
     stderr_dir: Path
-    otel: list[dict[str, Any]]
+    otel: list[Any]  # conftest's ReceivedSpan: what vLLM's own exporter sent
     model: str
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, receiver: tuple[str, Received]) -> Served:
+def served(tmp_path_factory: pytest.TempPathFactory, module_otlp_receiver: Any) -> Served:
     why_not = vllm_importable(PYTHON)
     if why_not is not None:
         pytest.skip(f"vllm is not importable: {why_not}")
@@ -189,7 +119,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, receiver: tuple[str, Receiv
     site = base / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    endpoint, received = receiver
+    endpoint = module_otlp_receiver.traces_url
     env = vllm_env(
         tp=2,
         traced=True,
@@ -212,7 +142,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, receiver: tuple[str, Receiv
         # vLLM's BatchSpanProcessor exports every 5 s: wait for spans of the workers too.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            kinds = {s["resource"].get("vllm.process_kind") for s in received.snapshot()}
+            kinds = {s.resource.get("vllm.process_kind") for s in module_otlp_receiver.spans()}
             if {"engine_core", "worker"} <= kinds:
                 break
             time.sleep(0.5)
@@ -220,7 +150,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, receiver: tuple[str, Receiv
         stop_server(server)
     runs = [p for p in journal_root.iterdir() if p.is_dir()]
     assert len(runs) == 1, runs
-    return Served(read_run(runs[0]), completion, ready_s, split, received.snapshot(), model)
+    return Served(read_run(runs[0]), completion, ready_s, split, module_otlp_receiver.spans(), model)
 
 
 # --- helpers -------------------------------------------------------------------------------------------
@@ -401,20 +331,20 @@ def test_imports_match_importtime(served: Served) -> None:
 
 def test_vllm_own_spans_join_the_run_trace(served: Served) -> None:
     run = served.run
-    vllm_spans = [s for s in served.otel if "vllm.process_id" in s["resource"]]
-    names = {s["name"] for s in vllm_spans}
+    vllm_spans = [s for s in served.otel if "vllm.process_id" in s.resource]
+    names = {s.name for s in vllm_spans}
     assert {"EngineCoreProc init", "Worker init"} <= names, names
-    assert {s["trace_id"] for s in vllm_spans} == {run.trace_id}
-    kinds = {s["resource"].get("vllm.process_kind") for s in vllm_spans}
+    assert {s.trace_id for s in vllm_spans} == {run.trace_id}
+    kinds = {s.resource.get("vllm.process_kind") for s in vllm_spans}
     assert {"engine_core", "worker"} <= kinds, kinds
     # the API server's top-level vLLM spans hang under the run's root span (the traceparent)
     (api,) = lanes(run, "api_server")
-    api_spans = [s for s in vllm_spans if s["resource"].get("vllm.process_id") == str(api.pid)]
+    api_spans = [s for s in vllm_spans if s.resource.get("vllm.process_id") == str(api.pid)]
     assert api_spans
-    ids = {s["span_id"] for s in vllm_spans}
-    roots = [s for s in api_spans if s["parent_id"] not in ids]
-    assert roots and all(s["parent_id"] == run.root_span_id for s in roots), [
-        (s["name"], s["parent_id"]) for s in roots
+    ids = {s.span_id for s in vllm_spans}
+    roots = [s for s in api_spans if s.parent_id not in ids]
+    assert roots and all(s.parent_id == run.root_span_id for s in roots), [
+        (s.name, s.parent_id) for s in roots
     ]
 
 

@@ -904,6 +904,22 @@ def run_input_from_reader(run: Any) -> RunInput:
     procs: list[ProcessInput] = []
     spans: list[SpanInput] = []
     trace_id = run.trace_id
+
+    def span_input(sp: Any, lane_id: str) -> SpanInput:
+        return SpanInput(
+            trace_id=trace_id,
+            span_id=sp.span_id,
+            lane_id=lane_id,
+            parent_id=sp.parent_id,
+            name=sp.name,
+            start_ns=sp.start_ns,
+            end_ns=sp.end_ns,
+            in_progress=sp.end_ns is None,
+            instant=bool(sp.instant),
+            attrs=dict(sp.attrs or {}),
+            error=sp.error,
+            thread=sp.thread,
+        )
     for p in run.processes:
         procs.append(
             ProcessInput(
@@ -919,43 +935,11 @@ def run_input_from_reader(run: Any) -> RunInput:
                 source="journal",
             )
         )
-        for sp in p.spans:
-            spans.append(
-                SpanInput(
-                    trace_id=trace_id,
-                    span_id=sp.span_id,
-                    lane_id=p.instance_id,
-                    parent_id=sp.parent_id,
-                    name=sp.name,
-                    start_ns=sp.start_ns,
-                    end_ns=sp.end_ns,
-                    in_progress=sp.end_ns is None,
-                    instant=bool(sp.instant),
-                    attrs=dict(sp.attrs or {}),
-                    error=sp.error,
-                    thread=sp.thread,
-                )
-            )
+        spans.extend(span_input(sp, p.instance_id) for sp in p.spans)
     if run.processes:
         roots = [p for p in run.processes if p.resource.get("starttrace.start_method") == "root"]
         root_lane = (roots or run.processes)[0].instance_id
-        for sp in getattr(run, "root_spans", []) or []:
-            spans.append(
-                SpanInput(
-                    trace_id=trace_id,
-                    span_id=sp.span_id,
-                    lane_id=root_lane,
-                    parent_id=sp.parent_id,
-                    name=sp.name,
-                    start_ns=sp.start_ns,
-                    end_ns=sp.end_ns,
-                    in_progress=sp.end_ns is None,
-                    instant=bool(sp.instant),
-                    attrs=dict(sp.attrs or {}),
-                    error=sp.error,
-                    thread=sp.thread,
-                )
-            )
+        spans.extend(span_input(sp, root_lane) for sp in getattr(run, "root_spans", []) or [])
     service = (run.meta or {}).get("service") if isinstance(run.meta, dict) else None
     return RunInput(
         run_id=run.run_id,

@@ -7,7 +7,6 @@ time as their end and `starttrace.in_progress = true`.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -19,6 +18,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from starttrace import __version__
+from starttrace.boot import otlp_endpoint
 from starttrace.reader import Process, Run, Span
 
 SCOPE = InstrumentationScope("starttrace", __version__)
@@ -33,13 +33,7 @@ def traces_endpoint(endpoint: str | None = None) -> str | None:
     """The OTLP/HTTP traces URL: explicit, else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else ..._ENDPOINT."""
     if endpoint:
         return endpoint if endpoint.rstrip("/").endswith("/v1/traces") else endpoint.rstrip("/") + "/v1/traces"
-    specific = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    if specific:
-        return specific
-    general = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if general:
-        return general.rstrip("/") + "/v1/traces"
-    return None
+    return otlp_endpoint()
 
 
 def _attr_value(value: Any) -> Any:

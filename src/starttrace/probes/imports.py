@@ -63,11 +63,12 @@ def _make_wrapper(original: Callable[[str, Any], Any], builtin_import: Any) -> C
         parent = stack[-1] if stack else recorder.process_span_id
         via = "" if import_ is builtin_import else ',"starttrace.import.via":"importlib"'
         thread = "" if ident == recorder._main_ident else ',"th":%d' % ident
+        quoted = quote(name)
         start = monotonic_ns()
         line = (
             '{"k":"b","s":"%s","p":"%s","n":"import %s","t":%d%s,"a":{"starttrace.phase":"import",'
             '"starttrace.import.module":%s%s}}\n'
-        ) % (span_id, parent, quote(name)[1:-1], start, thread, quote(name), via)
+        ) % (span_id, parent, quoted[1:-1], start, thread, quoted, via)
         if recorder.min_span_ns:
             recorder.pending[span_id] = (line, start)
         else:

@@ -18,6 +18,7 @@ from starttrace import boot, recorder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 
@@ -28,16 +29,21 @@ def install() -> None:
     recorder.when_imported("subprocess", _patch_subprocess)
 
 
+def launch_variables(span_id: str, method: str) -> dict[str, str]:
+    """What a child started by exec reads to find the span that launched it (see boot._activate)."""
+    return {
+        boot.ENV_PARENT_SPAN: span_id,
+        boot.ENV_PARENT_PID: str(os.getpid()),
+        boot.ENV_START_METHOD: method,
+        boot.ENV_LAUNCH_NS: str(monotonic_ns()),
+    }
+
+
 class launch_environment:
-    """Tell a child started by exec which span launched it (valid only in a direct child)."""
+    """The launch variables in os.environ while a child is started (valid only in a direct child)."""
 
     def __init__(self, span_id: str, method: str) -> None:
-        self.values = {
-            boot.ENV_PARENT_SPAN: span_id,
-            boot.ENV_PARENT_PID: str(os.getpid()),
-            boot.ENV_START_METHOD: method,
-            boot.ENV_LAUNCH_NS: str(monotonic_ns()),
-        }
+        self.values = launch_variables(span_id, method)
         self.saved: dict[str, str | None] = {}
 
     def __enter__(self) -> None:
@@ -53,10 +59,21 @@ class launch_environment:
                 os.environ[key] = value
 
 
-def _cuda_flag(attrs: dict[str, Any]) -> None:
-    if boot._cuda_initialized():
-        attrs["starttrace.cuda_before_fork"] = True
-        recorder.set_process_attrs({"starttrace.cuda_before_fork": True})
+def _record_launch(name: str, attrs: dict[str, Any], launch: Callable[[], Any], end_attrs: Callable[[], Any]) -> None:
+    """Run `launch()` inside span `name`, with the launch variables set for exec'd children;
+    the span ends with `end_attrs()` (the child pid, ...) or with the error `launch` raised."""
+    span_id = recorder.begin(name, attrs)
+    try:
+        with launch_environment(span_id, "spawn"):
+            launch()
+    except BaseException as exc:
+        recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
+        raise
+    recorder.end(span_id, end_attrs())
+
+
+def _child_pid(pid: Any) -> dict[str, Any] | None:
+    return {"starttrace.child_pid": int(pid)} if pid else None
 
 
 def _patch_process(module: Any) -> None:
@@ -75,23 +92,20 @@ def _patch_process(module: Any) -> None:
             "starttrace.process_name": str(getattr(self, "_name", "")),
             "starttrace.start_method": method or "",
         }
-        _cuda_flag(attrs)
-        span_id = recorder.begin("process.launch", attrs)
+        boot.flag_cuda_before_fork(attrs)
+
+        def end_attrs() -> dict[str, Any]:
+            result: dict[str, Any] = {"starttrace.child_pid": int(self.pid or 0)}
+            actual = getattr(getattr(self, "_popen", None), "method", None)
+            if actual:
+                result["starttrace.start_method"] = actual
+            return result
+
         boot.state.in_launch += 1
         try:
-            with launch_environment(span_id, "spawn"):
-                original_start(self)
-        except BaseException as exc:
-            recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
-            raise
+            _record_launch("process.launch", attrs, lambda: original_start(self), end_attrs)
         finally:
             boot.state.in_launch -= 1
-        popen = getattr(self, "_popen", None)
-        end_attrs: dict[str, Any] = {"starttrace.child_pid": int(self.pid or 0)}
-        actual = getattr(popen, "method", None)
-        if actual:
-            end_attrs["starttrace.start_method"] = actual
-        recorder.end(span_id, end_attrs)
 
     def _bootstrap(self: Any, *args: Any, **kwargs: Any) -> Any:
         if recorder.active():
@@ -144,16 +158,13 @@ def _patch_forkserver(module: Any) -> None:
                 return original_ensure(self)
             preload = [str(m) for m in (getattr(self, "_preload_modules", None) or [])]
             attrs: dict[str, Any] = {"starttrace.phase": "forkserver", "starttrace.preload": preload}
-            _cuda_flag(attrs)
-            span_id = recorder.begin("forkserver.start", attrs)
-            try:
-                with launch_environment(span_id, "spawn"):
-                    original_ensure(self)
-            except BaseException as exc:
-                recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
-                raise
-            pid = getattr(self, "_forkserver_pid", None)
-            recorder.end(span_id, {"starttrace.child_pid": int(pid)} if pid else None)
+            boot.flag_cuda_before_fork(attrs)
+            _record_launch(
+                "forkserver.start",
+                attrs,
+                lambda: original_ensure(self),
+                lambda: _child_pid(getattr(self, "_forkserver_pid", None)),
+            )
 
         ensure_running.__starttrace__ = True  # type: ignore[attr-defined]
         server_class.ensure_running = ensure_running
@@ -230,9 +241,7 @@ def _preload(forkserver: Any, modules: list[str], main_path: Any) -> None:
         recorder.end(outer, {"starttrace.preload_failed": failed}, error=f"{type(exc).__name__}: {exc}")
         raise
     end_attrs: dict[str, Any] = {"starttrace.preload_failed": failed}
-    if boot._cuda_initialized():
-        end_attrs["starttrace.cuda_before_fork"] = True
-        recorder.set_process_attrs({"starttrace.cuda_before_fork": True})
+    boot.flag_cuda_before_fork(end_attrs)
     recorder.end(outer, end_attrs)
 
 
@@ -262,15 +271,9 @@ def _patch_resource_tracker_launch(module: Any) -> None:
             "starttrace.process_name": "resource_tracker",
             "starttrace.start_method": "spawn",
         }
-        span_id = recorder.begin("process.launch", attrs)
-        try:
-            with launch_environment(span_id, "spawn"):
-                original_ensure(self)
-        except BaseException as exc:
-            recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
-            raise
-        pid = getattr(self, "_pid", None)
-        recorder.end(span_id, {"starttrace.child_pid": int(pid)} if pid else None)
+        _record_launch(
+            "process.launch", attrs, lambda: original_ensure(self), lambda: _child_pid(getattr(self, "_pid", None))
+        )
 
     ensure_running.__starttrace__ = True  # type: ignore[attr-defined]
     tracker_class.ensure_running = ensure_running
@@ -316,15 +319,9 @@ def _patch_subprocess(module: Any) -> None:
         }
         span_id = recorder.begin("process.launch", attrs)
         env = kwargs.get("env")
-        extra = {
-            boot.ENV_PARENT_SPAN: span_id,
-            boot.ENV_PARENT_PID: str(os.getpid()),
-            boot.ENV_START_METHOD: "exec",
-            boot.ENV_LAUNCH_NS: str(monotonic_ns()),
-        }
         if len(rest) < 9:  # env was not passed positionally: give the child our variables
             try:
-                kwargs["env"] = _child_environment(env, extra)
+                kwargs["env"] = _child_environment(env, launch_variables(span_id, "exec"))
             except Exception as exc:  # e.g. a bytes-keyed env: leave it as the caller made it
                 recorder.report(f"cannot pass the run to a subprocess env: {exc}", key="popen-env")
         try:
@@ -332,7 +329,7 @@ def _patch_subprocess(module: Any) -> None:
         except BaseException as exc:
             recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
             raise
-        recorder.end(span_id, {"starttrace.child_pid": int(getattr(self, "pid", 0) or 0)})
+        recorder.end(span_id, _child_pid(getattr(self, "pid", 0)))
 
     __init__.__starttrace__ = True  # type: ignore[attr-defined]
     __init__.__wrapped__ = original_init  # type: ignore[attr-defined]

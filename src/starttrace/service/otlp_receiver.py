@@ -221,82 +221,83 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _build_lite_types() -> Any:
-    """`ExportTraceServiceRequest` with each span left as its raw bytes (same field numbers and
-    wire types): the receiver parses each span itself (`Span.FromString`, in C) and stores those
-    bytes as the span's attributes, so no attribute is read in Python at ingest."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-    from opentelemetry.proto.trace.v1 import trace_pb2 as _t  # noqa: F401  (registers the deps)
+Field = tuple[str, int, int, int, str]  # name, number, type, label, message type name ("" for scalars)
 
-    fdp = descriptor_pb2.FieldDescriptorProto
-    scope_type = ".opentelemetry.proto.common.v1.InstrumentationScope"
+
+def _message_class(
+    file_name: str, package: str, dependencies: list[str], messages: list[tuple[str, list[Field]]]
+) -> Any:
+    """Define `messages` in the default descriptor pool (once) and return the class of the last one."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
     pool = descriptor_pool.Default()
-    name = "starttrace/service/otlp_lite.proto"
     try:
-        pool.FindFileByName(name)
+        pool.FindFileByName(file_name)
     except KeyError:
         fd = descriptor_pb2.FileDescriptorProto(
-            name=name,
-            package="starttrace.otlp_lite",
-            syntax="proto3",
-            dependency=["opentelemetry/proto/common/v1/common.proto", "opentelemetry/proto/resource/v1/resource.proto"],
+            name=file_name, package=package, syntax="proto3", dependency=dependencies
         )
-        for msg_name, fields in (
-            (
-                "ScopeSpans",
-                [
-                    ("scope", 1, fdp.TYPE_MESSAGE, fdp.LABEL_OPTIONAL, scope_type),
-                    ("spans", 2, fdp.TYPE_BYTES, fdp.LABEL_REPEATED, ""),
-                    ("schema_url", 3, fdp.TYPE_STRING, fdp.LABEL_OPTIONAL, ""),
-                ],
-            ),
-            (
-                "ResourceSpans",
-                [
-                    ("resource", 1, fdp.TYPE_MESSAGE, fdp.LABEL_OPTIONAL, ".opentelemetry.proto.resource.v1.Resource"),
-                    ("scope_spans", 2, fdp.TYPE_MESSAGE, fdp.LABEL_REPEATED, ".starttrace.otlp_lite.ScopeSpans"),
-                    ("schema_url", 3, fdp.TYPE_STRING, fdp.LABEL_OPTIONAL, ""),
-                ],
-            ),
-            (
-                "Request",
-                [("resource_spans", 1, fdp.TYPE_MESSAGE, fdp.LABEL_REPEATED, ".starttrace.otlp_lite.ResourceSpans")],
-            ),
-        ):
+        for msg_name, fields in messages:
             m = fd.message_type.add(name=msg_name)
             for fname, number, ftype, label, tname in fields:
                 f = m.field.add(name=fname, number=number, type=ftype, label=label)
                 if tname:
                     f.type_name = tname
         pool.Add(fd)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("starttrace.otlp_lite.Request"))
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{messages[-1][0]}"))
+
+
+def _build_lite_types() -> Any:
+    """`ExportTraceServiceRequest` with each span left as its raw bytes (same field numbers and
+    wire types): the receiver parses each span itself (`Span.FromString`, in C) and stores those
+    bytes as the span's attributes, so no attribute is read in Python at ingest."""
+    from google.protobuf import descriptor_pb2
+    from opentelemetry.proto.trace.v1 import trace_pb2 as _t  # noqa: F401  (registers the deps)
+
+    fdp = descriptor_pb2.FieldDescriptorProto
+    optional, repeated = fdp.LABEL_OPTIONAL, fdp.LABEL_REPEATED
+    return _message_class(
+        "starttrace/service/otlp_lite.proto",
+        "starttrace.otlp_lite",
+        ["opentelemetry/proto/common/v1/common.proto", "opentelemetry/proto/resource/v1/resource.proto"],
+        [
+            (
+                "ScopeSpans",
+                [
+                    ("scope", 1, fdp.TYPE_MESSAGE, optional, ".opentelemetry.proto.common.v1.InstrumentationScope"),
+                    ("spans", 2, fdp.TYPE_BYTES, repeated, ""),
+                    ("schema_url", 3, fdp.TYPE_STRING, optional, ""),
+                ],
+            ),
+            (
+                "ResourceSpans",
+                [
+                    ("resource", 1, fdp.TYPE_MESSAGE, optional, ".opentelemetry.proto.resource.v1.Resource"),
+                    ("scope_spans", 2, fdp.TYPE_MESSAGE, repeated, ".starttrace.otlp_lite.ScopeSpans"),
+                    ("schema_url", 3, fdp.TYPE_STRING, optional, ""),
+                ],
+            ),
+            ("Request", [("resource_spans", 1, fdp.TYPE_MESSAGE, repeated, ".starttrace.otlp_lite.ResourceSpans")]),
+        ],
+    )
 
 
 def _attrs_only_type() -> Any:
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    """A message with only `Span.attributes` (field 9): decodes a stored span's attributes alone."""
+    from google.protobuf import descriptor_pb2
 
     fdp = descriptor_pb2.FieldDescriptorProto
-    pool = descriptor_pool.Default()
-    name = "starttrace/service/otlp_attrs.proto"
-    try:
-        pool.FindFileByName(name)
-    except KeyError:
-        fd = descriptor_pb2.FileDescriptorProto(
-            name=name,
-            package="starttrace.otlp_attrs",
-            syntax="proto3",
-            dependency=["opentelemetry/proto/common/v1/common.proto"],
-        )
-        m = fd.message_type.add(name="SpanAttributes")
-        m.field.add(
-            name="attributes",
-            number=9,
-            type=fdp.TYPE_MESSAGE,
-            label=fdp.LABEL_REPEATED,
-            type_name=".opentelemetry.proto.common.v1.KeyValue",
-        )
-        pool.Add(fd)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("starttrace.otlp_attrs.SpanAttributes"))
+    return _message_class(
+        "starttrace/service/otlp_attrs.proto",
+        "starttrace.otlp_attrs",
+        ["opentelemetry/proto/common/v1/common.proto"],
+        [
+            (
+                "SpanAttributes",
+                [("attributes", 9, fdp.TYPE_MESSAGE, fdp.LABEL_REPEATED, ".opentelemetry.proto.common.v1.KeyValue")],
+            )
+        ],
+    )
 
 
 _LiteRequest = _build_lite_types()
