@@ -22,7 +22,7 @@ RUN groupadd --system --gid 10001 starttrace \
     && mkdir -p /data/journal \
     && chown -R starttrace:starttrace /data
 
-# .dockerignore lets only pyproject.toml, README.md and src/ into the build context.
+# .dockerignore lets only pyproject.toml, README.md , starttrace/ and starttrace.pth into the build context.
 COPY . /tmp/starttrace-src
 RUN pip install --no-cache-dir /tmp/starttrace-src \
     && rm -rf /tmp/starttrace-src

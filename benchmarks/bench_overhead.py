@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TREE = REPO / "examples" / "tree.py"
-PTH = REPO / "src" / "starttrace.pth"
+PTH = REPO / "starttrace.pth"
 
 
 def base_env() -> dict[str, str]:

@@ -26,9 +26,10 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
-from starttrace.service.synth import make_run, protobuf_batches  # noqa: E402
+from synth_runs import make_run, protobuf_batches  # noqa: E402
 
 
 def free_port() -> int:
@@ -58,7 +59,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="st-bench-"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("STARTTRACE", None)
     env.pop("STARTTRACE_TOKEN", None)
     server = subprocess.Popen(

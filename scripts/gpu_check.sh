@@ -45,8 +45,8 @@ import glob, os, site, sys, starttrace
 want = os.path.realpath(sys.argv[1])
 assert os.path.realpath(os.path.dirname(starttrace.__file__)).startswith(want), "another starttrace"
 assert any(glob.glob(os.path.join(d, "starttrace.pth")) for d in site.getsitepackages()), "no starttrace.pth"
-' "$REPO/src" 2>/dev/null; then
-    export PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}"
+' "$REPO" 2>/dev/null; then
+    export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
     echo "gpu_check: using the installed starttrace.pth"
 else
     cat > "$BOOT/sitecustomize.py" <<'PYEOF'
@@ -60,7 +60,7 @@ for entry in sys.path:
         exec(compile(open(candidate).read(), candidate, "exec"), {"__name__": "sitecustomize", "__file__": candidate})
         break
 PYEOF
-    export PYTHONPATH="$BOOT:$REPO/src${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH="$BOOT:$REPO${PYTHONPATH:+:$PYTHONPATH}"
     echo "gpu_check: activating starttrace through $BOOT/sitecustomize.py"
 fi
 

@@ -90,7 +90,7 @@ def run_tree(venv_python: str, traced_env: dict[str, str], journal_root: Path) -
     Returns once every process of the run has exited. The Run has the tree's stdout (its JSON line
     with the pids) as attribute `tree_stdout`.
     """
-    from starttrace.reader import read_run
+    from starttrace.sources.journal_reader import read_run
 
     def run(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> Any:
         merged = dict(traced_env)

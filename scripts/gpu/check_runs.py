@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from starttrace.reader import Process, Run, Span, list_run_dirs, read_run
+from starttrace.sources.journal_reader import Process, Run, Span, list_run_dirs, read_run
 
 WORKER_PRELOAD = ["forkserver_ranks", "socket"]
 

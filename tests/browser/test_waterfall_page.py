@@ -15,8 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from starttrace.service.synth import make_run, protobuf_batches, to_protobuf
+from synth_runs import make_run, protobuf_batches, to_protobuf
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "artifacts"
@@ -43,7 +42,7 @@ def _free_port() -> int:
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("browser")
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     for key in ("STARTTRACE", "VLLM_STARTTRACE", "STARTTRACE_TOKEN"):
         env.pop(key, None)
     log = open(tmp / "server.log", "wb")

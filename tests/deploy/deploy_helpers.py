@@ -188,7 +188,7 @@ def starttrace_command() -> tuple[list[str], dict[str, str]]:
     script = Path(sys.executable).parent / "starttrace"
     if script.is_file():
         return [str(script)], env
-    src = str(REPO / "src")
+    src = str(REPO)
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return [sys.executable, "-m", "starttrace"], env
 

@@ -171,7 +171,7 @@ def test_build_context_builds_the_wheel(tmp_path: Path) -> None:
     files = dockerignore_included(REPO)
     rels = {f.relative_to(REPO).as_posix() for f in files}
     assert "pyproject.toml" in rels and "README.md" in rels
-    assert any(r.startswith("src/starttrace/") for r in rels)
+    assert any(r.startswith("starttrace/") for r in rels)
     assert not any(r.startswith(("tests/", "docs/", "dashboards/", ".env")) for r in rels), sorted(rels)[:20]
     assert not any("__pycache__" in r for r in rels)
     context = tmp_path / "context"

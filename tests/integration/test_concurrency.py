@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from starttrace.reader import read_run
+from starttrace.sources.journal_reader import read_run
 
 WRITERS = 16
 LINES_PER_WRITER = 400

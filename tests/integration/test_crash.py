@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from starttrace.reader import Process, list_run_dirs, read_run
+from starttrace.sources.journal_reader import Process, list_run_dirs, read_run
 
 
 def traced_env(root: Path, **extra: str) -> dict[str, str]:

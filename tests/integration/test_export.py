@@ -14,8 +14,8 @@ from typing import Any
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from starttrace.export.otlp import export_run, to_otlp_json
-from starttrace.reader import Process, Run, Span
+from starttrace.sources.journal_reader import Process, Run, Span
+from starttrace.views.otlp import export_run, to_otlp_json
 
 
 def _starttrace(venv_python: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -233,7 +233,7 @@ def test_perfetto_structure(run_tree: Any, venv_python: str, tmp_path: Path) -> 
     assert set(by_pid) <= set(names)
     for pid, process in by_pid.items():
         assert names[pid] == process.label()
-        match = re.fullmatch(r"(\w+)(?: (\d+))? (\d+)", names[pid])
+        match = re.fullmatch(r"(\w+)(?: rank (\d+))? pid (\d+)", names[pid])
         assert match, names[pid]
         assert match.group(1) == process.role and int(match.group(3)) == pid
     # the root process sorts before the helpers it started

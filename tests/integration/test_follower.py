@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from starttrace.reader import read_run
+from starttrace.sources.journal_reader import read_run
 
 
 def _followers(run_dir: Path) -> list[int]:
@@ -26,7 +26,7 @@ def _followers(run_dir: Path) -> list[int]:
             state = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"starttrace.export.follower" in argv and os.fsencode(run_dir) in argv and state != b"Z":
+        if b"starttrace.follower" in argv and os.fsencode(run_dir) in argv and state != b"Z":
             pids.append(int(entry.name))
     return pids
 

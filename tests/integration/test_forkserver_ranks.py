@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from starttrace.reader import Process, Run, Span, read_run
+from starttrace.sources.journal_reader import Process, Run, Span, read_run
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "forkserver_ranks.py"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from starttrace.reader import Process, Run, Span, list_run_dirs, read_run
+from starttrace.sources.journal_reader import Process, Run, Span, list_run_dirs, read_run
 
 REPO = Path(__file__).resolve().parents[2]
 IMPORTTIME_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|\s*(\S+)\s*$")
@@ -267,11 +267,11 @@ def test_torch_child_records_torch_imports(tree: TracedTree) -> None:
 
 def test_a_helper_ready_is_not_the_run_ready(tree: TracedTree) -> None:
     """The resource tracker marks `process.ready`; only a server's `ready` makes the run ready."""
-    from starttrace.analysis.model import build_model, run_input_from_reader
+    from starttrace.analysis.lanes import build_model
 
     tracker = [p for p in tree.run.processes if any(s.name == "process.ready" for s in p.spans)]
     assert tracker, "the resource tracker records process.ready"
-    model = build_model(run_input_from_reader(tree.run))
+    model = build_model(tree.run)
     assert model.ready_ns is None and model.status != "ready"
     startup = tree.run.startup
     assert startup is not None and startup.end_ns is not None

@@ -48,10 +48,10 @@ def test_wheel_installs_pth_and_traces_spawn_children(
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         assert "starttrace.pth" in names, "the .pth must sit at the top level of the wheel (-> site-packages)"
-        assert archive.read("starttrace.pth") == (REPO / "src" / "starttrace.pth").read_bytes()
+        assert archive.read("starttrace.pth") == (REPO / "starttrace.pth").read_bytes()
         for module in ("boot.py", "recorder.py", "journal.py", "probes/imports.py", "probes/multiprocessing.py"):
             assert f"starttrace/{module}" in names
-        assert not [n for n in names if n.startswith(("src/", "tests/"))]
+        assert not [n for n in names if n.startswith(("tests/", "benchmarks/"))]
 
     venv = tmp_path / "fresh venv"  # a space in the path, as users have
     base_python = getattr(sys, "_base_executable", None) or "python3"

@@ -45,7 +45,7 @@ def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Se
     log = tmp / f"server-{port}.log"
     cmd = [sys.executable, "-m", "starttrace.service.server", "--port", str(port), "--db", str(tmp / "st.db"), *args]
     full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.pop("STARTTRACE", None)
     full_env.pop("VLLM_STARTTRACE", None)
     if env:

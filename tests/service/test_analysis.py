@@ -13,38 +13,20 @@ import pytest
 from fastapi.testclient import TestClient
 from rich.console import Console
 from st_service_helpers import flush
+from synth_runs import SRun, make_run, to_protobuf, to_run
 
 from starttrace.analysis.compare import compare
-from starttrace.analysis.model import ProcessInput, RunInput, RunModel, SpanInput, build_model, to_json
-from starttrace.analysis.render_terminal import render_compare, render_report
+from starttrace.analysis.lanes import build_model
+from starttrace.analysis.model import RunModel
 from starttrace.service.app import parse_retention
-from starttrace.service.synth import SRun, make_run, to_protobuf
+from starttrace.views.json import to_json
+from starttrace.views.terminal import render_compare, render_report
 
 PB = {"Content-Type": "application/x-protobuf"}
 
 
 def model_of(run: SRun, now_ns: int | None = None) -> RunModel:
-    ri = RunInput(run.run_id, run.trace_id, "vllm", [], [])
-    for p in run.processes:
-        lid = p.resource["service.instance.id"]
-        ri.processes.append(ProcessInput(lid, p.resource["process.pid"], p.resource["process.parent_pid"], p.resource))
-        for s in p.spans:
-            prog = s.attrs.get("starttrace.in_progress") is True
-            ri.spans.append(
-                SpanInput(
-                    run.trace_id,
-                    s.span_id,
-                    lid,
-                    s.parent_id,
-                    s.name,
-                    s.start,
-                    None if prog else s.end,
-                    prog,
-                    s.start == s.end,
-                    s.attrs,
-                )
-            )
-    return build_model(ri, now_ns=now_ns)
+    return build_model(to_run(run), now_ns=now_ns)
 
 
 def test_lanes_ranks_phases_coverage() -> None:

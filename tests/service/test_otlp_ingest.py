@@ -15,8 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import NonRecordingSpan, SpanContext
 from st_service_helpers import Server, wait_for
-
-from starttrace.service.synth import SRun, SSpan, make_run, to_otlp_json
+from synth_runs import SRun, SSpan, make_run, to_otlp_json
 
 
 def export_with_sdk(run: SRun, endpoint: str, compression: Compression = Compression.NoCompression) -> int:

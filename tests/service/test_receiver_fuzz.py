@@ -12,9 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from synth_runs import make_run, to_otlp_json, to_protobuf
 
 from starttrace.service.app import Settings, create_app
-from starttrace.service.synth import make_run, to_otlp_json, to_protobuf
 
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 

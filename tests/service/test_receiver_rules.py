@@ -15,8 +15,7 @@ from fastapi.testclient import TestClient
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from st_service_helpers import Server, flush, wait_for
-
-from starttrace.service.synth import make_run, to_otlp_json, to_protobuf
+from synth_runs import make_run, to_otlp_json, to_protobuf
 
 PB = {"Content-Type": "application/x-protobuf"}
 JS = {"Content-Type": "application/json"}

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from starttrace.service import store as store_mod
-from starttrace.service.otlp_receiver import decode
-from starttrace.service.store import IngestBatch, ProcessBatch, SpanTuple, Store, decode_attrs
+from starttrace.sources import store as store_mod
+from starttrace.sources.otlp import decode
+from starttrace.sources.store import IngestBatch, ProcessBatch, SpanTuple, Store, decode_attrs
 
 
 def _span(i: int, end: int, in_progress: bool = False, attrs: dict | None = None) -> SpanTuple:
@@ -36,7 +36,7 @@ def test_chunked_upsert_dedupes_and_replaces_in_progress(tmp_path: Path) -> None
     ended = [_span(i, 9000 + i) for i in range(0, n, 3)]
     st._write_batches([_batch(first), _batch(list(reversed(first))), _batch(ended), _batch([_span(1, 7, True)])])
     assert st.count_spans("r") == n
-    rows = {r[1]: r for r in st.load_run("r").spans}  # type: ignore[union-attr]
+    rows = {r[1]: r for r in st.load_rows("r").spans}  # type: ignore[union-attr]
     assert len(rows) == n
     for i in range(n):
         row = rows[f"{i:016x}"]
@@ -115,7 +115,8 @@ def test_timestamp_past_int64_rejected_alone() -> None:
 
 
 def test_decode_raw_span_edge_cases() -> None:
-    from starttrace.service.otlp_receiver import BadRequest, _parse_and_decode
+    from starttrace.sources.otlp import BadRequest
+    from starttrace.sources.otlp import parse_and_decode as _parse_and_decode
 
     msg = ExportTraceServiceRequest()
     ss = msg.resource_spans.add().scope_spans.add()

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from starttrace.journal import JournalWriter, encode, quote
-from starttrace.reader import EmptyRun, RunNotFound, find_run_dir, list_run_dirs, read_run
+from starttrace.sources.journal_reader import EmptyRun, RunNotFound, find_run_dir, list_run_dirs, read_run
 
 NASTY = [
     "",

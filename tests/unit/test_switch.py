@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from starttrace.reader import read_run
+from starttrace.sources.journal_reader import read_run
 
 PROBE = "import sys; print('starttrace.boot' in sys.modules, 'starttrace' in sys.modules)"
 

@@ -1,7 +1,7 @@
 """Watch a journal root (`ROOT/<run_id>/*.jsonl`) and feed new runs and new lines into the store.
 
 Every `poll_s` the watcher stats the files of each run folder; a run whose files did not change
-costs one `stat` per file. A changed run is re-read with `starttrace.reader.read_run` (the reader
+costs one `stat` per file. A changed run is re-read with `starttrace.sources.journal_reader.read_run` (the reader
 resolves cross-process links, so a run is read as a whole), and only the spans that are new or
 changed since the last read (ended, new attributes, re-parented) are written to the store.
 """
@@ -17,7 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from starttrace.service.store import IngestBatch, ProcessBatch, RunMeta, SpanTuple, Store
+from starttrace.sources.batches import IngestBatch, ProcessBatch, RunMeta, SpanTuple
+from starttrace.sources.store import Store
 
 log = logging.getLogger("starttrace.service")
 
@@ -90,7 +91,7 @@ class JournalWatcher:
 
     def scan(self) -> int:
         """One pass over the root; returns the number of runs (re)read."""
-        from starttrace.reader import ReaderError, list_run_dirs, read_run
+        from starttrace.sources.journal_reader import ReaderError, list_run_dirs, read_run
 
         self.scans += 1
         changed = 0

@@ -26,13 +26,17 @@ from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from starttrace.analysis.compare import compare
-from starttrace.analysis.model import RunModel, build_model, run_input_from_rows, to_json
-from starttrace.service import exports, metrics
-from starttrace.service.journal_watcher import JournalWatcher
+from starttrace.analysis.lanes import build_model
+from starttrace.analysis.model import RunModel
+from starttrace.run import Run
 from starttrace.service.otlp_receiver import DEFAULT_MAX_BODY, handle_traces
-from starttrace.service.store import Store
+from starttrace.sources.journal_watcher import JournalWatcher
+from starttrace.sources.store import Store
+from starttrace.views import prometheus as metrics
+from starttrace.views.export import export_document
+from starttrace.views.json import to_json
 
-HERE = Path(__file__).resolve().parent
+VIEWS = Path(__file__).resolve().parent.parent / "views"
 
 
 def phase_color(phase: str) -> str:
@@ -120,6 +124,7 @@ class ModelCache:
         self._run_locks: dict[str, threading.Lock] = {}
         self._models: dict[str, tuple[int, float, RunModel]] = {}
         self._json: dict[str, tuple[int, float, bytes]] = {}
+        self._runs: dict[str, Run] = {}
 
     def _run_lock(self, run_id: str) -> threading.Lock:
         with self._lock:
@@ -144,17 +149,25 @@ class ModelCache:
             entry = self._models.get(run_id)
             if entry is not None and self._fresh(entry, version, entry[2].live):
                 return entry[2]
-            rows = self.store.load_run(run_id)
-            if rows is None:
+            run = self.store.load_run(run_id)
+            if run is None:
                 return None
-            model = build_model(run_input_from_rows(rows))
-            self._models[run_id] = (rows.version, time.monotonic(), model)
+            model = build_model(run)
+            self._models[run_id] = (run.version, time.monotonic(), model)
+            self._runs[run_id] = run
             if len(self._models) > 64:
                 oldest = sorted(self._models.items(), key=lambda kv: kv[1][1])[: len(self._models) - 64]
                 for key, _ in oldest:
                     self._models.pop(key, None)
                     self._json.pop(key, None)
+                    self._runs.pop(key, None)
             return model
+
+    def run(self, run_id: str) -> Run | None:
+        """The run behind the current model (what exports render)."""
+        if self.model(run_id) is None:
+            return None
+        return self._runs.get(run_id)
 
     def json_bytes(self, run_id: str) -> bytes | None:
         model = self.model(run_id)
@@ -171,6 +184,7 @@ class ModelCache:
         for rid in run_ids:
             self._models.pop(rid, None)
             self._json.pop(rid, None)
+            self._runs.pop(rid, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,7 +316,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         else None
     )
     templates = Environment(
-        loader=FileSystemLoader(str(HERE / "templates")),
+        loader=FileSystemLoader(str(VIEWS / "templates")),
         autoescape=select_autoescape(["html", "xml", "j2"], default_for_string=True, default=True),
     )
     templates.globals["phase_colors"] = PHASE_COLORS
@@ -344,7 +358,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.counters = counters
     app.state.watcher = watcher
     app.state.settings = settings
-    app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
+    app.mount("/static", StaticFiles(directory=str(VIEWS / "static")), name="static")
 
     def render(name: str, **ctx: Any) -> HTMLResponse:
         return HTMLResponse(templates.get_template(name).render(**ctx))
@@ -418,10 +432,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/runs/{run_id}/export")
     def export(run_id: str, format: str = Query("perfetto", pattern="^(perfetto|jaeger|otlp-json)$")) -> Response:
-        model = cache.model(run_id)
-        if model is None:
+        run = cache.run(run_id)
+        if run is None:
             return not_found(run_id)
-        data = exports.export(model, format)
+        data = export_document(run, format)
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
         return Response(
             json.dumps(data, separators=(",", ":"), default=str),

@@ -230,7 +230,7 @@ def _start_follower() -> None:
         return
     env = dict(os.environ)
     env[ENV_INTERNAL] = "1"
-    args = [sys.executable, "-m", "starttrace.export.follower", state.run_dir, str(os.getpid()), endpoint]
+    args = [sys.executable, "-m", "starttrace.follower", state.run_dir, str(os.getpid()), endpoint]
     try:
         os.posix_spawn(sys.executable, args, env, setsid=True)
     except Exception as exc:

@@ -21,9 +21,13 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from starttrace.run import Link, Process, Run, Span
+from starttrace.sources.batches import IngestBatch, ProcessBatch, SpanTuple
+from starttrace.sources.otlp import span_attrs
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -93,13 +97,6 @@ CREATE TABLE IF NOT EXISTS problems (
 );
 """
 
-# (trace_id, span_id, parent_id, name, start_ns, end_ns, in_progress, instant, attrs, error, thread)
-# attrs: JSON object text (journal), or the span's raw OTLP protobuf bytes (see `decode_attrs`)
-SpanTuple = tuple[
-    str, str, "str | None", str, int, "int | None", int, int, "str | bytes | None", "str | None", "int | None"
-]
-
-
 def decode_attrs(value: str | bytes | None) -> dict[str, Any]:
     """A stored `attrs` value as a dict: JSON object text, or the raw bytes of an OTLP `Span`
     (its `attributes`; the receiver stores spans as received and decodes them only here)."""
@@ -107,41 +104,7 @@ def decode_attrs(value: str | bytes | None) -> dict[str, Any]:
         return {}
     if isinstance(value, str):
         return dict(json.loads(value))
-    from starttrace.service.otlp_receiver import span_attrs
-
     return span_attrs(bytes(value))
-
-
-@dataclass
-class ProcessBatch:
-    """Spans of one process (one OTLP ResourceSpans, or one journal file)."""
-
-    source: str  # "otlp" | "journal"
-    resource: dict[str, Any]
-    spans: list[SpanTuple]
-    run_id: str | None = None  # None: resolved from the resource, else from the trace id
-    lane_id: str | None = None  # None: service.instance.id, else pid, else service name
-    info: dict[str, Any] = field(default_factory=dict)  # exited, exit_code, warnings, preloaded, journal_path
-
-
-@dataclass
-class RunMeta:
-    run_id: str
-    trace_id: str | None
-    meta: dict[str, Any]
-    problems: list[str]
-    service: str | None = None
-
-
-@dataclass
-class IngestBatch:
-    processes: list[ProcessBatch]
-    runs: list[RunMeta] = field(default_factory=list)
-    replace_problems: bool = False
-    done: threading.Event | None = None
-
-    def span_count(self) -> int:
-        return sum(len(p.spans) for p in self.processes)
 
 
 @dataclass
@@ -693,7 +656,12 @@ class Store:
         )
         return [str(r[0]) for r in rows]
 
-    def load_run(self, run_id: str) -> RunRows | None:
+    def load_run(self, run_id: str) -> Run | None:
+        """The stored run as the run type (None: unknown run id)."""
+        rows = self.load_rows(run_id)
+        return None if rows is None else run_from_rows(rows)
+
+    def load_rows(self, run_id: str) -> RunRows | None:
         conn = self._reader()
         conn.execute("BEGIN")
         try:
@@ -780,3 +748,77 @@ class Store:
         ids = [str(r[0]) for r in rows]
         self.delete_runs(ids)
         return ids
+
+
+def run_from_rows(rows: RunRows) -> Run:
+    """Stored rows as the run type. The run's root spans (`startup` spans whose parent is not in
+    the run) are kept apart, as the journal reader does; a `starttrace.launched_by` attribute is
+    also a link."""
+    by_lane: dict[str, list[Span]] = {}
+    for r in rows.spans:
+        attrs = decode_attrs(r[9])
+        in_progress = bool(r[7])
+        span = Span(
+            span_id=r[1],
+            parent_id=r[3],
+            name=r[4],
+            start_ns=r[5],
+            end_ns=None if (in_progress and r[6] is None) else r[6],
+            attrs=attrs,
+            error=r[10],
+            thread=r[11],
+            instant=bool(r[8]),
+            in_progress=in_progress,
+        )
+        launched_by = attrs.get("starttrace.launched_by")
+        if isinstance(launched_by, str) and launched_by:
+            span.links.append(Link(launched_by, attrs={"starttrace.link": "launched_by"}))
+        by_lane.setdefault(r[2], []).append(span)
+    ids = {s.span_id for spans in by_lane.values() for s in spans}
+    processes: list[Process] = []
+    root_spans: list[Span] = []
+    for p in rows.processes:
+        spans = by_lane.pop(p["lane_id"], [])
+        roots = [s for s in spans if s.name == "startup" and s.parent_id not in ids]
+        if roots:
+            root_spans.extend(roots)
+            spans = [s for s in spans if s not in roots]
+        processes.append(_process_from_row(p, spans))
+    for lane_id, spans in by_lane.items():  # spans of a lane without a process row
+        processes.append(_process_from_row({"lane_id": lane_id, "resource": {}}, spans))
+    processes.sort(key=lambda p: (p.created_ns, p.instance_id))
+    meta = rows.meta
+    return Run(
+        run_id=rows.run_id,
+        trace_id=rows.trace_id or "",
+        root_span_id=str(meta.get("root_span_id") or (root_spans[0].span_id if root_spans else "")),
+        meta=meta,
+        processes=processes,
+        problems=list(rows.problems),
+        root_spans=sorted(root_spans, key=lambda s: s.start_ns),
+        service=rows.service,
+        source=rows.source or "otlp",
+        version=rows.version,
+        updated_at=rows.updated_at,
+    )
+
+
+def _process_from_row(p: dict[str, Any], spans: list[Span]) -> Process:
+    spans.sort(key=lambda s: s.start_ns)
+    own = next((s for s in spans if s.name == "process"), None)
+    resource = p.get("resource") or {}
+    return Process(
+        instance_id=str(p["lane_id"]),
+        pid=_int_or_none(p.get("pid")) or _int_or_none(resource.get("process.pid")) or 0,
+        ppid=_int_or_none(p.get("ppid")) or _int_or_none(resource.get("process.parent_pid")) or 0,
+        journal_path=Path(p["journal_path"]) if p.get("journal_path") else None,
+        resource=resource,
+        process_span_id=own.span_id if own is not None else "",
+        spans=spans,
+        exited=None if p.get("exited") is None else bool(p["exited"]),
+        exit_code=p.get("exit_code"),
+        warnings=list(p.get("warnings") or []),
+        preloaded=list(p.get("preloaded") or []),
+        created_ns=own.start_ns if own is not None else (spans[0].start_ns if spans else 0),
+        source=str(p.get("source") or "otlp"),
+    )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from starttrace import recorder
-from starttrace.probes.torch import _mark, note_attached, note_missing, patch, publish_probe_list, traced
+from starttrace.probes._wrap import _mark, note_attached, note_missing, patch, publish_probe_list, traced
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 
 from starttrace import recorder
-from starttrace.probes.torch import (
+from starttrace.probes._wrap import (
     _mark,
     note_attached,
     note_missing,

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from starttrace.analysis.model import Lane, RunModel, SpanNode
+from starttrace.analysis.model import Lane, RunModel, SpanNode, rank_slot
 
 FORKED = ("fork", "forkserver")
 MIN_RANKS = 2
@@ -40,8 +39,6 @@ def preload_advice(model: RunModel) -> list[dict[str, Any]]:
     """Modules that two or more rank processes imported themselves (after their fork / spawn) and
     that no forkserver preloaded. Only the top of each import tree is advised (preloading it loads
     what it imports). saving_per_rank_s: mean time one rank spent importing it."""
-    from starttrace.analysis.model import rank_slot
-
     preloaded = _preloaded_modules(model)
     acc: dict[str, dict[str, Any]] = {}
     for lane in model.lanes:

@@ -1,4 +1,5 @@
-"""A run's journals as OpenTelemetry SDK spans, sent with the official OTLP/HTTP exporter.
+"""OTLP view: a run as OpenTelemetry SDK spans, sent with the official OTLP/HTTP exporter, or
+written as OTLP protobuf / OTLP/JSON (`starttrace export`, `GET /runs/{id}/export`).
 
 The spans keep the journal's trace id, span ids, parents and timestamps, so the same run looks
 the same in Jaeger, Tempo and the starttrace service. Spans still open are sent with the export
@@ -19,7 +20,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from starttrace import __version__
 from starttrace.boot import otlp_endpoint
-from starttrace.reader import Process, Run, Span
+from starttrace.run import Process, Run, Span
 
 SCOPE = InstrumentationScope("starttrace", __version__)
 BATCH = 512
@@ -85,9 +86,9 @@ def _readable(
 ) -> ReadableSpan:
     attrs = dict(span.attrs)
     end = span.end_ns
-    if end is None:
+    if span.open:
         attrs["starttrace.in_progress"] = True
-        end = max(now_ns, span.start_ns)
+        end = max(now_ns if end is None else end, span.start_ns)
     if span.thread is not None:
         attrs["thread.id"] = span.thread
     parent_id = span.parent_id or remote_parent
@@ -96,10 +97,10 @@ def _readable(
         parent = SpanContext(
             trace_id, int(parent_id, 16), is_remote=remote_parent is not None and parent_id == remote_parent
         )
-    links: list[Link] = []
-    launched_by = attrs.get("starttrace.launched_by")
-    if isinstance(launched_by, str) and launched_by:
-        links.append(Link(_context(trace_id, launched_by), {"starttrace.link": "launched_by"}))
+    links = [
+        Link(_context(int(link.trace_id, 16) if link.trace_id else trace_id, link.span_id), _attributes(link.attrs))
+        for link in span.links
+    ]
     status = Status(StatusCode.ERROR, span.error) if span.error is not None else Status(StatusCode.UNSET)
     kind = SpanKind.SERVER if span.name == "ready" else SpanKind.INTERNAL
     return ReadableSpan(
@@ -143,12 +144,14 @@ def export_run(run: Run, endpoint: str, timeout_s: float = 10.0, headers: dict[s
         exporter.shutdown()
 
 
-def to_otlp_json(run: Run, spans: Iterable[ReadableSpan] | None = None) -> dict[str, Any]:
+def to_otlp_json(
+    run: Run, spans: Iterable[ReadableSpan] | None = None, now_ns: int | None = None
+) -> dict[str, Any]:
     """OTLP/JSON (ExportTraceServiceRequest) with hex ids, as the OTLP spec wants them."""
     from google.protobuf import json_format
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    message = encode_spans(list(spans if spans is not None else to_readable_spans(run)))
+    message = encode_spans(list(spans if spans is not None else to_readable_spans(run, now_ns)))
     # OTLP/JSON: enums are integers (json_format writes their names by default).
     data = json_format.MessageToDict(message, preserving_proto_field_name=False, use_integers_for_enums=True)
     for resource_spans in data.get("resourceSpans", []):

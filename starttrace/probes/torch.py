@@ -16,18 +16,27 @@ only, and nothing at all until a hook fires):
   `starttrace.world_size`, `starttrace.local_rank` from LOCAL_RANK) unless a more specific probe
   (vLLM's WorkerProc) already set it.
 
-The helpers at the bottom (`traced`, `patch`, `note_attached`) are shared by the vllm and
-servers probes.
+The wrapping helpers (`traced`, `patch`, `note_attached`) live in `probes/_wrap.py`.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from _thread import get_ident
 from time import monotonic_ns
 
 from starttrace import recorder
+from starttrace.probes import _wrap
+from starttrace.probes._wrap import (
+    _begin_quietly,
+    _end_quietly,
+    _mark,
+    note_attached,
+    note_missing,
+    patch,
+    publish_probe_list,
+    set_role_and_attrs,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -81,12 +90,7 @@ def _after_fork_in_child() -> None:
     cuda_state.initialized = False
     cuda_state.failures = 0
     cuda_state.at_ns = 0
-    _open_names.clear()
-    try:
-        if _attached or _missing:
-            _publish_probe_list()
-    except Exception:
-        pass
+    _wrap.after_fork_in_child()
 
 
 # --------------------------------------------------------------------------------------------
@@ -157,7 +161,7 @@ def _patch_cuda(cuda: Any) -> None:
     note_attached("torch.cuda._lazy_init")
     if patch(cuda, "set_device", lambda fn: _set_device_wrapper(fn, "torch.cuda.set_device")):
         note_attached("torch.cuda.set_device")
-    _publish_probe_list()
+    publish_probe_list()
 
 
 def _begin_cuda_init(cuda: Any) -> str:
@@ -233,7 +237,7 @@ def _set_device_wrapper(original: Callable[..., Any], api: str) -> Callable[...,
 def _patch_accelerator(accelerator: Any) -> None:
     if patch(accelerator, "set_device_index", lambda fn: _set_device_wrapper(fn, "torch.accelerator.set_device_index")):
         note_attached("torch.accelerator.set_device_index")
-        _publish_probe_list()
+        publish_probe_list()
 
 
 # --------------------------------------------------------------------------------------------
@@ -300,7 +304,7 @@ def _patch_distributed(dist: Any) -> None:
             except Exception:
                 continue
     note_attached("torch.distributed.init_process_group")
-    _publish_probe_list()
+    publish_probe_list()
 
 
 def _after_init_process_group(dist: Any, span_id: str) -> None:
@@ -333,214 +337,3 @@ def _after_init_process_group(dist: Any, span_id: str) -> None:
 
 # --------------------------------------------------------------------------------------------
 # shared helpers (also used by starttrace.probes.vllm and starttrace.probes.servers)
-
-_attached: list[str] = []
-_missing: list[str] = []
-_open_names: dict[int, dict[str, int]] = {}  # per thread: traced names now running (re-entry guard)
-_CO_COROUTINE = 0x80  # inspect.CO_COROUTINE, without importing inspect
-
-
-def note_attached(label: str) -> None:
-    if label not in _attached:
-        _attached.append(label)
-
-
-def note_missing(label: str) -> None:
-    if label not in _missing:
-        _missing.append(label)
-
-
-def _publish_probe_list() -> None:
-    attrs: Attrs = {}
-    if _attached:
-        attrs["starttrace.probes"] = sorted(_attached)
-    if _missing:
-        attrs["starttrace.probes_missing"] = sorted(_missing)
-    if attrs:
-        recorder.set_process_attrs(attrs)
-
-
-publish_probe_list = _publish_probe_list
-
-
-def set_role_and_attrs(attrs: Attrs) -> None:
-    """Set process identity; the role also goes through boot.set_role (boot keeps it in state)."""
-    role = attrs.get("starttrace.role")
-    if role:
-        boot = sys.modules.get("starttrace.boot")
-        set_role = getattr(boot, "set_role", None)
-        if set_role is not None:
-            set_role(role)
-    recorder.set_process_attrs(attrs)
-
-
-def _mark(wrapper: Any, original: Any) -> Any:
-    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-        try:
-            setattr(wrapper, attr, getattr(original, attr))
-        except Exception:
-            pass
-    try:
-        wrapper.__dict__.update(getattr(original, "__dict__", {}))
-    except Exception:
-        pass
-    wrapper.__wrapped__ = original
-    wrapper.__starttrace__ = True
-    return wrapper
-
-
-def _begin_quietly(name: str, attrs: Attrs) -> str:
-    try:
-        return recorder.begin(name, attrs)
-    except Exception as exc:
-        recorder.report(f"probe span {name} failed: {type(exc).__name__}: {exc}", key=f"begin:{name}")
-        return ""
-
-
-def _end_quietly(span_id: str, attrs: Attrs | None = None, error: str | None = None) -> None:
-    if not span_id:
-        return
-    try:
-        recorder.end(span_id, attrs, error)
-    except Exception as exc:
-        recorder.report(f"probe span end failed: {type(exc).__name__}: {exc}", key="end")
-
-
-def traced(
-    original: Callable[..., Any],
-    name: str,
-    phase: str,
-    attrs: Attrs | None = None,
-    before: Callable[[tuple[Any, ...], dict[str, Any]], Attrs | None] | None = None,
-    after: Callable[[tuple[Any, ...], dict[str, Any], Any], Attrs | None] | None = None,
-) -> Callable[..., Any]:
-    """A wrapper of `original` that records span `name` around each call (sync or async).
-
-    `before(args, kwargs)` may return extra begin attributes (and may set process attributes);
-    `after(args, kwargs, result)` may return end attributes. Both are guarded: a failing callback
-    is reported once and the call goes on. A nested call with the same span name on the same
-    thread (a subclass calling super()) records no second span.
-    """
-    base: Attrs = {"starttrace.phase": phase}
-    idle = phase == "idle"
-    if attrs:
-        base.update(attrs)
-
-    def _start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        begin_attrs = base
-        if before is not None:
-            try:
-                extra = before(args, kwargs)
-                if extra:
-                    begin_attrs = {**base, **extra}
-            except Exception as exc:
-                recorder.report(f"probe {name} failed: {type(exc).__name__}: {exc}", key=f"before:{name}")
-        return _begin_quietly(name, begin_attrs)
-
-    def _finish(span_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
-        end_attrs = None
-        if after is not None:
-            try:
-                end_attrs = after(args, kwargs, result)
-            except Exception as exc:
-                recorder.report(f"probe {name} failed: {type(exc).__name__}: {exc}", key=f"after:{name}")
-        _end_quietly(span_id, end_attrs)
-
-    def _enter() -> dict[str, int] | None:
-        ident = get_ident()
-        running = _open_names.get(ident)
-        if running is None:
-            running = _open_names[ident] = {}
-        if running.get(name):
-            return None
-        running[name] = 1
-        return running
-
-    code = getattr(getattr(original, "__func__", original), "__code__", None)
-    if code is not None and code.co_flags & _CO_COROUTINE:
-
-        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            if recorder._writer is None:
-                return await original(*args, **kwargs)
-            running = _enter()
-            if running is None:
-                return await original(*args, **kwargs)
-            span_id = _start(args, kwargs)
-            try:
-                result = await original(*args, **kwargs)
-            except BaseException as exc:
-                _end_failed(span_id, exc, idle)
-                raise
-            finally:
-                running.pop(name, None)
-            _finish(span_id, args, kwargs, result)
-            return result
-
-        return _mark(async_wrapper, original)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if recorder._writer is None:
-            return original(*args, **kwargs)
-        running = _enter()
-        if running is None:
-            return original(*args, **kwargs)
-        span_id = _start(args, kwargs)
-        try:
-            result = original(*args, **kwargs)
-        except BaseException as exc:
-            _end_failed(span_id, exc, idle)
-            raise
-        finally:
-            running.pop(name, None)
-        _finish(span_id, args, kwargs, result)
-        return result
-
-    return _mark(wrapper, original)
-
-
-def _end_failed(span_id: str, exc: BaseException, idle: bool) -> None:
-    message = f"{type(exc).__name__}: {exc}".rstrip(": ")
-    if idle:
-        # A serving loop ends by an exception at shutdown (SystemExit, a cancelled queue): that is
-        # how it stops, not a failed startup phase.
-        _end_quietly(span_id, {"starttrace.exit_reason": message})
-    else:
-        _end_quietly(span_id, None, message)
-
-
-def patch(owner: Any, attr: str, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
-    """Replace `owner.attr` (function, method, staticmethod or classmethod) with a wrapper.
-
-    Returns False (and patches nothing) when the attribute does not exist, is not callable, or
-    is already wrapped by starttrace. Inherited methods are wrapped on `owner` itself.
-    """
-    try:
-        raw = None
-        if isinstance(owner, type):
-            for klass in owner.__mro__:
-                if attr in klass.__dict__:
-                    raw = klass.__dict__[attr]
-                    break
-        else:
-            raw = getattr(owner, attr, None)
-        if raw is None:
-            return False
-        if isinstance(raw, staticmethod):
-            function = raw.__func__
-            if getattr(function, "__starttrace__", False):
-                return False
-            setattr(owner, attr, staticmethod(make_wrapper(function)))
-            return True
-        if isinstance(raw, classmethod):
-            function = raw.__func__
-            if getattr(function, "__starttrace__", False):
-                return False
-            setattr(owner, attr, classmethod(make_wrapper(function)))
-            return True
-        if not callable(raw) or getattr(raw, "__starttrace__", False):
-            return False
-        setattr(owner, attr, make_wrapper(raw))
-        return True
-    except Exception as exc:
-        recorder.report(f"cannot wrap {attr}: {type(exc).__name__}: {exc}", key=f"patch:{attr}")
-        return False

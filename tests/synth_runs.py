@@ -17,6 +17,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status
 
+from starttrace.run import Process, Run
+from starttrace.run import Span as RunSpan
+
 MS = 1_000_000
 
 
@@ -385,6 +388,45 @@ def protobuf_batches(run: SRun, batch_spans: int = 512) -> list[bytes]:
         for i in range(0, len(p.spans), batch_spans):
             out.append(to_protobuf(run, [p], slice(i, i + batch_spans)).SerializeToString())
     return out
+
+
+def to_run(run: SRun, service: str = "vllm") -> Run:
+    """The synthetic run as the run type, as a source would hand it to the analysis (all spans on
+    their process, in-progress spans marked by `starttrace.in_progress`)."""
+    processes = []
+    for p in run.processes:
+        spans: list[RunSpan] = []
+        for s in p.spans:
+            prog = s.attrs.get("starttrace.in_progress") is True
+            spans.append(
+                RunSpan(
+                    s.span_id,
+                    s.parent_id,
+                    s.name,
+                    s.start,
+                    None if prog else s.end,
+                    s.attrs,
+                    s.error,
+                    instant=s.start == s.end,
+                    in_progress=prog,
+                )
+            )
+        res = p.resource
+        own = next((s.span_id for s in spans if s.name == "process"), "")
+        processes.append(
+            Process(
+                res["service.instance.id"],
+                res["process.pid"],
+                res["process.parent_pid"],
+                None,
+                res,
+                own,
+                spans,
+                exited=None,
+                source="otlp",
+            )
+        )
+    return Run(run.run_id, run.trace_id, "", {}, processes, [], [], service=service, source="otlp")
 
 
 def random_hex(n: int) -> str:

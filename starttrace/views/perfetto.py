@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from starttrace.reader import Process, Run, Span
+from starttrace.run import Process, Run, Span
 
 ROLE_ORDER = {"main": 0, "api_server": 1, "forkserver": 2, "engine_core": 3, "worker": 4, "helper": 5}
 RUN_TRACK_PID = 0
@@ -35,7 +35,7 @@ def to_perfetto(run: Run, now_ns: int | None = None) -> dict[str, Any]:
     for span in run.root_spans:
         events.extend(_slices([span], RUN_TRACK_PID, t0, now_ns))
     for index, process in enumerate(sorted(run.processes, key=sort_key), 1):
-        pid = process.pid
+        pid = process.pid or 1_000_000 + index  # OTLP processes may carry no pid
         events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": process.label()}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": index}})
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": pid, "args": {"name": "main"}})
@@ -55,7 +55,7 @@ def _slices(spans: list[Span], pid: int, t0: int, now_ns: int) -> list[dict[str,
     for tid, thread_spans in by_thread.items():
         if tid != pid:
             events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": f"thread {tid}"}})
-        ends = {s.span_id: (s.end_ns if s.end_ns is not None else max(now_ns, s.start_ns)) for s in thread_spans}
+        ends = {s.span_id: _end(s, now_ns) for s in thread_spans}
         ordered = sorted(thread_spans, key=lambda s: (s.start_ns, -ends[s.span_id]))
         stack: list[int] = []  # end times of the open slices
         for span in ordered:
@@ -66,7 +66,7 @@ def _slices(spans: list[Span], pid: int, t0: int, now_ns: int) -> list[dict[str,
             args["span_id"] = span.span_id
             if span.error is not None:
                 args["error"] = span.error
-            if span.end_ns is None:
+            if span.open:
                 args["in_progress"] = True
             if span.instant:
                 events.append(
@@ -91,6 +91,12 @@ def _slices(spans: list[Span], pid: int, t0: int, now_ns: int) -> list[dict[str,
             )
             stack.append(end)
     return events
+
+
+def _end(span: Span, now_ns: int) -> int:
+    if not span.open and span.end_ns is not None:
+        return span.end_ns
+    return max(now_ns if span.end_ns is None else span.end_ns, span.start_ns)
 
 
 def _arg(value: Any) -> Any:

@@ -1,13 +1,10 @@
-"""OTLP/HTTP trace receiver (`POST /v1/traces`), per opentelemetry-proto 1.x.
+"""OTLP trace decoding: an OTLP/HTTP request body (protobuf or OTLP/JSON) as ingest batches.
 
-- `application/x-protobuf` and `application/json` bodies, optionally `Content-Encoding: gzip`.
-- The body limit applies after decompression; gzip is inflated in bounded steps, so a gzip bomb
-  is refused (413) as soon as it inflates past the limit, never fully inflated.
-- Undecodable data: 400 with a `google.rpc.Status` body in the request's encoding.
-- Other content types: 415. Store saturated (bounded ingest queue): 429 with `Retry-After`.
-- Spans with bad ids are rejected one by one: 200 with `partial_success`.
 - OTLP/JSON ids are hex: they are converted before `json_format` reads the message (which would
   otherwise read them as base64).
+- Spans with bad ids or out-of-range times are rejected one by one (partial success).
+- Each span is kept as its raw protobuf bytes; its attributes are decoded only when a run is
+  loaded from the store (`span_attrs`).
 """
 
 from __future__ import annotations
@@ -15,105 +12,26 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import zlib
-from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import anyio.to_thread
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
-from google.rpc import status_pb2
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
-from starlette.requests import Request
-from starlette.responses import Response
 
-from starttrace.service.store import IngestBatch, ProcessBatch, SpanTuple, Store, StoreSaturated
+from starttrace.sources.batches import IngestBatch, ProcessBatch, SpanTuple
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
-DEFAULT_MAX_BODY = 64 * 1024 * 1024
-_CHUNK = 64 * 1024
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
 _STATUS_ERROR = 2
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 class BadRequest(Exception):
-    pass
-
-
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """Read the request body, inflating gzip/deflate in bounded steps; BodyTooLarge past max_bytes."""
-    encoding = request.headers.get("content-encoding", "").strip().lower()
-    declared = request.headers.get("content-length")
-    if declared is not None and encoding in ("", "identity"):
-        try:
-            if int(declared) > max_bytes:
-                raise BodyTooLarge()
-        except ValueError:
-            raise BadRequest("invalid Content-Length") from None
-    stream: AsyncIterator[bytes] = request.stream()
-    if encoding in ("", "identity"):
-        parts: list[bytes] = []
-        size = 0
-        async for chunk in stream:
-            size += len(chunk)
-            if size > max_bytes:
-                raise BodyTooLarge()
-            parts.append(chunk)
-        return b"".join(parts)
-    if encoding == "gzip":
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    elif encoding == "deflate":
-        inflater = zlib.decompressobj()
-    else:
-        raise UnsupportedEncoding(encoding)
-    out = bytearray()
-    raw = 0
-    try:
-        async for chunk in stream:
-            raw += len(chunk)
-            if raw > max_bytes:  # the compressed body alone is past the limit
-                raise BodyTooLarge()
-            data = chunk
-            while data:
-                piece = inflater.decompress(data, _CHUNK)
-                out += piece
-                if len(out) > max_bytes:
-                    raise BodyTooLarge()
-                data = inflater.unconsumed_tail
-                if inflater.eof:
-                    break
-        while not inflater.eof:
-            piece = inflater.decompress(b"", _CHUNK)
-            if not piece:
-                break
-            out += piece
-            if len(out) > max_bytes:
-                raise BodyTooLarge()
-        if not inflater.eof:
-            raise BadRequest("truncated compressed body")
-    except zlib.error as exc:
-        raise BadRequest(f"cannot decompress body: {exc}") from None
-    return bytes(out)
-
-
-class UnsupportedEncoding(Exception):
-    pass
-
-
-# ---------------------------------------------------------------------------------------------
-# decoding
+    """The body is not a valid OTLP request; the message says why (answered with 400)."""
 
 
 def _hex_to_b64(value: Any) -> Any:
@@ -426,37 +344,9 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
     return Decoded(IngestBatch(processes=processes), accepted, rejected, errors)
 
 
-# ---------------------------------------------------------------------------------------------
-# responses
 
 
-def status_response(code: int, message: str, encoding: str, headers: dict[str, str] | None = None) -> Response:
-    """A google.rpc.Status body (protobuf or JSON)."""
-    grpc_code = {400: 3, 413: 8, 415: 3, 429: 8, 503: 14, 401: 16}.get(code, 2)
-    st = status_pb2.Status(code=grpc_code, message=message)
-    if encoding == PROTOBUF:
-        return Response(st.SerializeToString(), status_code=code, media_type=PROTOBUF, headers=headers)
-    body = json.dumps({"code": grpc_code, "message": message})
-    return Response(body, status_code=code, media_type=JSON, headers=headers)
-
-
-def success_response(rejected: int, errors: list[str], encoding: str) -> Response:
-    resp = ExportTraceServiceResponse()
-    if rejected:
-        resp.partial_success.rejected_spans = rejected
-        resp.partial_success.error_message = "; ".join(errors)[:1000]
-    if encoding == PROTOBUF:
-        return Response(resp.SerializeToString(), status_code=200, media_type=PROTOBUF)
-    if rejected:
-        body = json.dumps(
-            {"partialSuccess": {"rejectedSpans": str(rejected), "errorMessage": resp.partial_success.error_message}}
-        )
-    else:
-        body = "{}"
-    return Response(body, status_code=200, media_type=JSON)
-
-
-def _parse_and_decode(body: bytes, ctype: str) -> Decoded:
+def parse_and_decode(body: bytes, ctype: str) -> Decoded:
     if ctype == PROTOBUF:
         # every span is parsed (and so validated) by `decode` itself; only the envelope is checked here
         try:
@@ -464,54 +354,3 @@ def _parse_and_decode(body: bytes, ctype: str) -> Decoded:
         except (DecodeError, ValueError, RuntimeError) as exc:
             raise BadRequest(f"invalid protobuf ExportTraceServiceRequest: {exc}") from None
     return decode(parse_request(body, ctype))
-
-
-def media_type(request: Request) -> str:
-    return request.headers.get("content-type", "").split(";")[0].strip().lower()
-
-
-async def handle_traces(
-    request: Request,
-    store: Store,
-    max_body: int,
-    count: Callable[[str, int], None],
-    retry_after_s: int = 2,
-) -> Response:
-    """The `POST /v1/traces` handler. `count(encoding, code)` counts the request for /metrics."""
-    ctype = media_type(request)
-    enc_label = "protobuf" if ctype == PROTOBUF else "json" if ctype == JSON else "other"
-    if ctype not in (PROTOBUF, JSON):
-        count(enc_label, 415)
-        return status_response(415, f"unsupported content type {ctype!r}; use {PROTOBUF} or {JSON}", JSON)
-    try:
-        body = await read_body(request, max_bytes=max_body)
-    except BodyTooLarge:
-        count(enc_label, 413)
-        return status_response(413, f"request body larger than {max_body} bytes (after decompression)", ctype)
-    except UnsupportedEncoding as exc:
-        count(enc_label, 415)
-        return status_response(415, f"unsupported content encoding {str(exc)!r}", ctype)
-    except BadRequest as exc:
-        count(enc_label, 400)
-        return status_response(400, str(exc), ctype)
-    try:
-        if len(body) > 1_000_000:  # keep the event loop free for other requests
-            decoded = await anyio.to_thread.run_sync(_parse_and_decode, body, ctype)
-        else:
-            decoded = _parse_and_decode(body, ctype)
-    except BadRequest as exc:
-        count(enc_label, 400)
-        return status_response(400, str(exc), ctype)
-    except (DecodeError, ValueError, TypeError, RecursionError, UnicodeDecodeError) as exc:
-        count(enc_label, 400)
-        return status_response(400, f"undecodable request: {exc}", ctype)
-    if decoded.batch.processes:
-        try:
-            store.submit(decoded.batch)
-        except StoreSaturated:
-            count(enc_label, 429)
-            return status_response(
-                429, "ingest queue full, retry later", ctype, headers={"Retry-After": str(retry_after_s)}
-            )
-    count(enc_label, 200)
-    return success_response(decoded.rejected, decoded.errors, ctype)

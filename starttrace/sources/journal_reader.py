@@ -1,4 +1,4 @@
-"""Read a run's journals (docs/journal.md) into processes and resolved spans.
+"""Source: a run's journals (docs/journal.md) as the run type (`starttrace.run.Run`).
 
 Everything here runs outside traced processes (CLI, exporter, service), so it may use any module.
 Times are converted to epoch nanoseconds, parents are resolved across processes, and the
@@ -10,11 +10,24 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from starttrace.boot import default_journal_root, process_start_monotonic
+from starttrace.run import Link, Process, Run, Span
+
+__all__ = [
+    "EmptyRun",
+    "Process",
+    "ReaderError",
+    "Run",
+    "RunNotFound",
+    "Span",
+    "find_run_dir",
+    "list_run_dirs",
+    "read_run",
+]
 
 LAUNCH_SPANS = ("process.fork", "process.launch", "forkserver.start")
 READY_SPANS = ("ready", "process.ready")
@@ -30,84 +43,6 @@ class RunNotFound(ReaderError):
 
 class EmptyRun(ReaderError):
     pass
-
-
-@dataclass
-class Span:
-    span_id: str
-    parent_id: str | None
-    name: str
-    start_ns: int
-    end_ns: int | None
-    attrs: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    thread: int | None = None
-    instant: bool = False
-
-    @property
-    def duration_ns(self) -> int | None:
-        return None if self.end_ns is None else self.end_ns - self.start_ns
-
-
-@dataclass
-class Process:
-    instance_id: str
-    pid: int
-    ppid: int
-    journal_path: Path
-    resource: dict[str, Any]
-    process_span_id: str
-    spans: list[Span]
-    exited: bool = False
-    exit_code: int | None = None
-    warnings: list[str] = field(default_factory=list)
-    preloaded: list[str] = field(default_factory=list)
-    created_ns: int = 0
-    activated_ns: int = 0
-    alive: bool | None = None  # None: cannot tell (another host)
-    record: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def role(self) -> str:
-        return str(self.resource.get("starttrace.role", ""))
-
-    @property
-    def rank(self) -> int | None:
-        rank = self.resource.get("starttrace.rank")
-        return rank if isinstance(rank, int) else None
-
-    @property
-    def process_span(self) -> Span | None:
-        for span in self.spans:
-            if span.span_id == self.process_span_id:
-                return span
-        return None
-
-    def label(self) -> str:
-        rank = "" if self.rank is None else f" {self.rank}"
-        return f"{self.role or 'process'}{rank} {self.pid}"
-
-
-@dataclass
-class Run:
-    run_id: str
-    trace_id: str
-    root_span_id: str
-    meta: dict[str, Any]
-    processes: list[Process]
-    problems: list[str]
-    root_spans: list[Span]
-    path: Path | None = None
-
-    @property
-    def startup(self) -> Span | None:
-        return self.root_spans[0] if self.root_spans else None
-
-    def all_spans(self) -> list[tuple[Process | None, Span]]:
-        spans: list[tuple[Process | None, Span]] = [(None, s) for s in self.root_spans]
-        for process in self.processes:
-            spans.extend((process, s) for s in process.spans)
-        return spans
 
 
 def default_root() -> Path:
@@ -327,8 +262,11 @@ def read_run(run_dir: Path) -> Run:
     _resolve_parents(processes, root_spans, all_spans, root_span_id)
     _end_process_lanes(processes, root_spans)
     _import_self_times(processes)
+    for _, span in [(None, s) for s in root_spans] + [(p, s) for p in processes for s in p.spans]:
+        span.in_progress = span.end_ns is None
     processes.sort(key=lambda p: p.created_ns)
-    return Run(run_id, trace_id, root_span_id, meta, processes, problems, root_spans, run_dir)
+    service = meta.get("service") if isinstance(meta.get("service"), str) else None
+    return Run(run_id, trace_id, root_span_id, meta, processes, problems, root_spans, run_dir, service=service)
 
 
 def _resolve_parents(
@@ -363,6 +301,7 @@ def _resolve_parents(
         launch = next((s for s in requests if s.span_id != own.parent_id and s.name == "process.launch"), None)
         if launch is not None:
             own.attrs["starttrace.launched_by"] = launch.span_id
+            own.links.append(Link(launch.span_id, attrs={"starttrace.link": "launched_by"}))
         ids = {s.span_id for s in process.spans}
         for span in process.spans:
             if span is own:

@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from starttrace import __version__
-from starttrace.reader import ReaderError, Run, default_root, find_run_dir, list_run_dirs, read_run
+from starttrace.sources.journal_reader import ReaderError, Run, default_root, find_run_dir, list_run_dirs, read_run
 
 app = typer.Typer(
     help="Where the startup time of multi-process Python servers goes (vLLM, SGLang, torchrun, ...).",
@@ -46,6 +46,7 @@ class Format(StrEnum):
     otlp = "otlp"
     otlp_json = "otlp-json"
     perfetto = "perfetto"
+    jaeger = "jaeger"
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -65,9 +66,9 @@ def _load(run: str | None, directory: Path | None) -> Run:
 
 
 def _model(run: Run) -> Any:
-    from starttrace.analysis.model import build_model, run_input_from_reader
+    from starttrace.analysis.lanes import build_model
 
-    return build_model(run_input_from_reader(run))
+    return build_model(run)
 
 
 @app.command()
@@ -234,11 +235,11 @@ def report(
     the_run = _load(run_id, directory)
     model = _model(the_run)
     if as_json:
-        from starttrace.analysis.model import to_json
+        from starttrace.views.json import to_json
 
         sys.stdout.write(json.dumps(to_json(model, include_spans=False), indent=2) + "\n")
         return
-    from starttrace.analysis.render_terminal import render_report
+    from starttrace.views.terminal import render_report
 
     render_report(model, console)
 
@@ -251,7 +252,7 @@ def compare(
 ) -> None:
     """Run A vs run B: per phase, per rank, per module."""
     from starttrace.analysis.compare import compare as compare_models
-    from starttrace.analysis.render_terminal import render_compare
+    from starttrace.views.terminal import render_compare
 
     render_compare(compare_models(_model(_load(run_a, directory)), _model(_load(run_b, directory))), console)
 
@@ -261,17 +262,17 @@ def export(
     run_id: RunArgument = None,
     directory: DirOption = None,
     format: Annotated[
-        Format, typer.Option("--format", "-f", help="otlp (send), otlp-json or perfetto (write)")
+        Format, typer.Option("--format", "-f", help="otlp (send), otlp-json, perfetto or jaeger (write)")
     ] = Format.perfetto,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="file to write (default: stdout)")] = None,
     endpoint: Annotated[
         str | None, typer.Option(help="OTLP/HTTP endpoint (default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT)")
     ] = None,
 ) -> None:
-    """Export a run: send it over OTLP/HTTP, or write OTLP/JSON or Perfetto trace JSON."""
+    """Export a run: send it over OTLP/HTTP, or write OTLP/JSON, Perfetto or Jaeger UI JSON."""
     the_run = _load(run_id, directory)
     if format is Format.otlp:
-        from starttrace.export.otlp import ExportError, export_run, traces_endpoint
+        from starttrace.views.otlp import ExportError, export_run, traces_endpoint
 
         url = traces_endpoint(endpoint)
         if not url:
@@ -282,15 +283,9 @@ def export(
             raise _fail(str(exc), 1) from None
         errors.print(f"starttrace: sent {sent} spans of run {the_run.run_id} to {url}")
         return
-    if format is Format.otlp_json:
-        from starttrace.export.otlp import to_otlp_json
+    from starttrace.views.export import export_document
 
-        document = to_otlp_json(the_run)
-    else:
-        from starttrace.export.perfetto import to_perfetto
-
-        document = to_perfetto(the_run)
-    text = json.dumps(document)
+    text = json.dumps(export_document(the_run, format.value), separators=(",", ":"), default=str)
     if out is None:
         sys.stdout.write(text + "\n")
     else:
@@ -317,7 +312,7 @@ def serve(
 ) -> None:
     """The starttrace service: OTLP/HTTP receiver, /startup waterfalls, /metrics."""
     from starttrace.service.server import serve as run_server
-    from starttrace.service.store import SchemaError
+    from starttrace.sources.store import SchemaError
 
     try:
         run_server(

@@ -6,7 +6,7 @@ exited, then sends every span of the run with the official OTLP/HTTP exporter; s
 still open then are sent again, finished, when the root process exits. A failure (no collector
 listening, ...) is reported once on stderr; the traced processes never wait for any of this.
 
-    python -m starttrace.export.follower RUN_DIR ROOT_PID ENDPOINT
+    python -m starttrace.follower RUN_DIR ROOT_PID ENDPOINT
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ def follow(run_dir: Path, root_pid: int, endpoint: str) -> int:
 
     # The exporter logs every retry; this process reports a failure once, itself.
     logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
-    from starttrace.export.otlp import ExportError, http_exporter, send, to_readable_spans
-    from starttrace.reader import ReaderError, read_run
+    from starttrace.sources.journal_reader import ReaderError, read_run
+    from starttrace.views.otlp import ExportError, http_exporter, send, to_readable_spans
 
     watch = ReadyWatch(run_dir)
     while _alive(root_pid) and not watch.ready():

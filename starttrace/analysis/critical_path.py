@@ -1,0 +1,131 @@
+"""The critical path: the chain of spans across processes that ends at the run's ready."""
+
+from __future__ import annotations
+
+import bisect
+
+from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, PathStep, RunModel, SpanNode
+
+
+def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
+    """The chain of spans that ends at the run's `ready` (else at the run's last moment).
+
+    Walking backwards from the target time t in lane L: take the span of L (any depth, not the
+    `process` span) that ended last at or before t; if a child process launched while that span
+    was open finished its own work just before the span ended (within 5 % / 2 ms), the span was
+    waiting for that child: continue in the child's lane instead. At the start of a lane, continue
+    in the lane that launched it, before its launch span. Time between chosen spans is a gap.
+    """
+    if not model.spans:
+        return []
+    lanes = model.lanes
+    per_lane: list[list[SpanNode]] = []
+    ends: list[list[int]] = []
+    for lane in lanes:
+        cand = [
+            n
+            for n in lane.spans
+            if n is not lane.process_span and n.phase not in STRUCTURAL_PHASES and not n.instant and n.duration > 0
+        ]
+        cand.sort(key=lambda n: (n.eff_end, -n.duration))
+        per_lane.append(cand)
+        ends.append([n.eff_end for n in cand])
+    # who started whom: the launch/fork span that made a lane, and the launch *request* (a
+    # `process.launch` with the child's pid, e.g. in the requester of a forkserver child)
+    by_pid: dict[int, Lane] = {ln.pid: ln for ln in lanes if ln.pid is not None}
+    starter: dict[int, SpanNode] = {}
+    for lane in lanes:
+        for n in lane.spans:
+            child_pid = n.attrs.get("starttrace.child_pid")
+            if isinstance(child_pid, int) and n.phase in ("launch", "fork", "forkserver"):
+                child = by_pid.get(child_pid)
+                if child is None or child.index == lane.index:
+                    continue
+                prev = starter.get(child.index)
+                if prev is None or (prev.phase == "fork" and n.phase == "launch"):
+                    starter[child.index] = n
+    for lane in lanes:
+        if lane.index not in starter and lane.launched_by is not None:
+            starter[lane.index] = lane.launched_by
+    children_of: dict[int, list[tuple[Lane, SpanNode]]] = {}
+    for child_index, span in starter.items():
+        children_of.setdefault(span.lane, []).append((lanes[child_index], span))
+    if model.ready_ns is not None:
+        ready = min(
+            (n for n in model.spans if n.start == model.ready_ns and n.name == "ready"),
+            key=lambda n: n.idx,
+            default=None,
+        )
+        lane_i = ready.lane if ready is not None else 0
+        t = model.ready_ns
+    else:
+        last = max(model.spans, key=lambda n: n.eff_end)
+        lane_i, t = last.lane, last.eff_end
+    steps: list[PathStep] = []
+    visited_children: set[int] = set()
+    for _ in range(max_steps):
+        cand, cend = per_lane[lane_i], ends[lane_i]
+        k = bisect.bisect_right(cend, t) - 1
+        chosen: SpanNode | None = None
+        while k >= 0:
+            n = cand[k]
+            if n.start < t:
+                # prefer the widest span among those that end at the same moment
+                chosen = n
+                j = k - 1
+                while j >= 0 and cend[j] == n.eff_end:
+                    if cand[j].start < chosen.start:
+                        chosen = cand[j]
+                    j -= 1
+                break
+            k -= 1
+        if chosen is None:
+            lane = lanes[lane_i]
+            launcher = starter.get(lane_i)
+            if launcher is None or launcher.lane == lane_i:
+                break
+            child_start = lane.start
+            if launcher.start < t:
+                end = min(max(child_start, launcher.start), t)
+                steps.append(PathStep(launcher.lane, launcher.name, launcher.phase, launcher.start, end, "launch"))
+            lane_i, t = launcher.lane, launcher.start
+            continue
+        waited = _waited_child(chosen, children_of.get(lane_i, []), per_lane, ends, visited_children)
+        if waited is not None:
+            child, c_end = waited
+            visited_children.add(child.index)
+            if chosen.eff_end > c_end:
+                steps.append(PathStep(lane_i, chosen.name, chosen.phase, c_end, chosen.eff_end, "wait"))
+            lane_i, t = child.index, c_end
+            continue
+        steps.append(PathStep(lane_i, chosen.name, chosen.phase, chosen.start, chosen.eff_end))
+        t = chosen.start
+    steps.reverse()
+    return steps
+
+
+def _waited_child(
+    span: SpanNode,
+    children: list[tuple[Lane, SpanNode]],
+    per_lane: list[list[SpanNode]],
+    ends: list[list[int]],
+    visited: set[int],
+) -> tuple[Lane, int] | None:
+    """The child process `span` was waiting for: launched before `span` ended, and its own work
+    ended just before `span` did (within 5 % of the span or 2 ms)."""
+    best: tuple[Lane, int] | None = None
+    slack = max(2_000_000, (span.eff_end - span.start) // 20)
+    own_child = span.attrs.get("starttrace.child_pid")
+    for child, launch in children:
+        if child.index in visited or launch.start > span.eff_end:
+            continue
+        if isinstance(own_child, int) and child.pid != own_child:
+            continue  # a launch span waits for its own child only
+        cend = ends[child.index]
+        k = bisect.bisect_right(cend, span.eff_end) - 1
+        if k < 0:
+            continue
+        c_end = cend[k]
+        if c_end >= span.eff_end - slack and c_end > span.start and (best is None or c_end > best[1]):
+            best = (child, c_end)
+    return best

@@ -1,0 +1,288 @@
+"""Build the waterfall model from a run: lanes (one per process), span trees, per-lane facts."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starttrace.analysis.advice import cuda_audit, preload_advice
+from starttrace.analysis.critical_path import critical_path
+from starttrace.analysis.model import (
+    GAP_MIN_NS,
+    MAX_GAPS,
+    ROLE_ORDER,
+    STRUCTURAL_PHASES,
+    TOP_HOTSPOTS,
+    Lane,
+    RunModel,
+    SpanNode,
+    rank_slot,
+    self_ns,
+)
+from starttrace.analysis.phases import merge_intervals, phase_of, union_ns
+from starttrace.run import Process, Run
+
+
+def _int(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def build_model(run: Run, now_ns: int | None = None) -> RunModel:
+    """The waterfall model of `run`; `now_ns` (default: now) is the effective end of open spans
+    while the run is live."""
+    now = time.time_ns() if now_ns is None else now_ns
+    lanes_by_id = {p.instance_id: _lane_of(p, run.service) for p in run.processes}
+    nodes, by_id = _span_nodes(run, lanes_by_id)
+    ready_ns = min((n.start for n in nodes if n.name == "ready"), default=None)
+    roots = [n for n in nodes if n.phase == "startup" and n.parent not in by_id]
+    status = _status(ready_ns, roots, list(lanes_by_id.values()))
+    t_first = min((n.start for n in nodes), default=None)
+    t_last = max((n.end if n.end is not None else n.start for n in nodes), default=0)
+    t_eff = max(now, t_last) if status == "running" else t_last
+    for n in nodes:
+        n.eff_end = max(n.start, t_eff if n.in_progress else n.end)
+    _link_tree(nodes, by_id)
+    ordered = _order_lanes(nodes, lanes_by_id, t_first)
+    t0 = min([n.start for n in roots] + ([t_first] if t_first is not None else [0]))
+    for lane in ordered:
+        _lane_facts(lane, ready_ns, t_eff)
+        if lane.process_span is not None and lane.process_span.parent_node is not None:
+            launcher = lane.process_span.parent_node
+            if launcher.lane != lane.index:
+                lane.launched_by = launcher
+    model = RunModel(
+        run_id=run.run_id,
+        trace_id=run.trace_id or None,
+        service=run.service or next((ln.service for ln in ordered if ln.service), None),
+        meta=run.meta,
+        problems=list(run.problems),
+        t0=t0,
+        t_end=t_eff if nodes else t0,
+        now_ns=now,
+        status=status,
+        ready_ns=ready_ns,
+        lanes=ordered,
+        spans=nodes,
+        phases=list(dict.fromkeys(ph for lane in ordered for ph in lane.phases)),
+        hotspots=[],
+        preload_advice=[],
+        cuda_audit={},
+        critical_path=[],
+        version=run.version,
+        updated_at=run.updated_at,
+        source=run.source,
+    )
+    model.hotspots = import_hotspots(model)
+    model.preload_advice = preload_advice(model)
+    model.cuda_audit = cuda_audit(model)
+    model.critical_path = critical_path(model)
+    return model
+
+
+def _lane_of(p: Process, service: str | None) -> Lane:
+    res = p.resource or {}
+    return Lane(
+        index=-1,
+        id=p.instance_id,
+        pid=p.pid if p.pid else _int(res.get("process.pid")),
+        ppid=p.ppid if p.ppid else _int(res.get("process.parent_pid")),
+        role=_str(res.get("starttrace.role")) or None,
+        rank=_int(res.get("starttrace.rank")),
+        local_rank=_int(res.get("starttrace.local_rank")),
+        world_size=_int(res.get("starttrace.world_size")),
+        start_method=_str(res.get("starttrace.start_method")),
+        service=_str(res.get("service.name")) or service,
+        host=_str(res.get("host.name")),
+        command=_command(res.get("process.command_args")),
+        resource=res,
+        exited=p.exited,
+        exit_code=p.exit_code,
+        warnings=list(p.warnings or []),
+        preloaded=list(p.preloaded or []),
+    )
+
+
+def _span_nodes(run: Run, lanes_by_id: dict[str, Lane]) -> tuple[list[SpanNode], dict[str, SpanNode]]:
+    """One node per span, on its process's lane; the run's root spans go to the root process."""
+    root = run.root_process
+    nodes: list[SpanNode] = []
+    by_id: dict[str, SpanNode] = {}
+    for process, s in run.all_spans():
+        owner = process or root
+        if owner is None:
+            continue
+        n = SpanNode()
+        n.id = s.span_id
+        n.parent = s.parent_id
+        n.name = s.name
+        n.attrs = s.attrs or {}
+        n.phase = phase_of(s.name, n.attrs)
+        n.start = s.start_ns
+        n.in_progress = s.open
+        n.end = None if n.in_progress else s.end_ns
+        n.instant = bool(s.instant) and not n.in_progress
+        n.error = s.error
+        n.thread = s.thread
+        n.lane = lanes_by_id[owner.instance_id]  # type: ignore[assignment]  # the lane index, once ordered
+        by_id[n.id] = n
+        nodes.append(n)
+    nodes.sort(key=lambda x: x.start)
+    return nodes, by_id
+
+
+def _status(ready_ns: int | None, roots: list[SpanNode], lanes: list[Lane]) -> str:
+    """ready: the server answers (`ready`; a lane's own `process.ready` is not the run's);
+    finished: the startup span ended; exited: every process exited; else running."""
+    if ready_ns is not None:
+        return "ready"
+    if roots and all(not r.in_progress for r in roots):
+        return "finished"
+    if lanes and all(lane.exited for lane in lanes):
+        return "exited"
+    return "running"
+
+
+def _link_tree(nodes: list[SpanNode], by_id: dict[str, SpanNode]) -> None:
+    """Parents and children (children only within a lane), and each node's depth in its lane."""
+    for n in nodes:
+        parent = by_id.get(n.parent) if n.parent else None
+        if parent is not None and parent is not n:
+            n.parent_node = parent
+            if parent.lane is n.lane:
+                parent.children.append(n)
+    for n in nodes:
+        depth = 0
+        p = n.parent_node
+        while p is not None and p.lane is n.lane and depth < 10_000:  # bounded: guards cycles
+            depth += 1
+            p = p.parent_node
+        n.depth = depth
+
+
+def _order_lanes(nodes: list[SpanNode], lanes_by_id: dict[str, Lane], t_first: int | None) -> list[Lane]:
+    """Lanes by role, rank and start; nodes get their lane index, position in the lane and index."""
+    for n in nodes:
+        lane_spans = n.lane.spans  # type: ignore[attr-defined]
+        n.pos = len(lane_spans)
+        lane_spans.append(n)
+    for lane in lanes_by_id.values():
+        proc = [n for n in lane.spans if n.phase == "process" or n.name == "process"]
+        lane.process_span = min(proc, key=lambda n: n.depth) if proc else None
+        if lane.process_span is not None:
+            lane.start = lane.process_span.start
+        elif lane.spans:
+            lane.start = lane.spans[0].start
+        else:
+            lane.start = t_first or 0
+    ordered = sorted(
+        lanes_by_id.values(),
+        key=lambda ln: (ROLE_ORDER.get(ln.role or "", 99), ln.rank is None, ln.rank or 0, ln.start, ln.id),
+    )
+    for i, lane in enumerate(ordered):
+        lane.index = i
+    for i, n in enumerate(nodes):
+        n.lane = n.lane.index  # type: ignore[attr-defined]
+        n.idx = i
+    return ordered
+
+
+def _command(value: Any) -> str | None:
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    if isinstance(value, str):
+        return value
+    return None
+
+
+def _lane_facts(lane: Lane, run_ready: int | None, t_eff: int) -> None:
+    spans = lane.spans
+    proc = lane.process_span
+    work = [n for n in spans if n is not proc and n.phase not in STRUCTURAL_PHASES]
+    # ready
+    own_ready = [n.start for n in work if n.phase == "ready" or n.name == "ready"]
+    if own_ready:
+        lane.ready_ns = min(own_ready)
+    elif run_ready is not None:
+        ends = [n.eff_end for n in work if not n.in_progress and n.eff_end <= run_ready and not n.instant]
+        lane.ready_ns = max(ends) if ends else None
+    # window
+    if proc is not None:
+        start = proc.start
+        end = proc.eff_end
+    else:
+        start = min((n.start for n in spans), default=0)
+        end = max((n.eff_end for n in spans), default=start)
+    if lane.ready_ns is not None and lane.ready_ns >= start:
+        end = min(end, lane.ready_ns) if proc is not None and not proc.in_progress else lane.ready_ns
+    lane.start, lane.end = start, max(start, end)
+    # phases
+    by_phase: dict[str, list[tuple[int, int]]] = {}
+    for n in work:
+        if n.instant:
+            continue
+        by_phase.setdefault(n.phase, []).append((n.start, n.eff_end))
+    lane.phases = {ph: union_ns(iv) for ph, iv in by_phase.items()}
+    lane.import_ns = lane.phases.get("import", 0)
+    # coverage and gaps
+    covered = merge_intervals(
+        (max(n.start, lane.start), min(n.eff_end, lane.end)) for n in work if not n.instant and n.eff_end > lane.start
+    )
+    covered = [(s, e) for s, e in covered if e > s]
+    window = lane.end - lane.start
+    covered_ns = sum(e - s for s, e in covered)
+    lane.coverage = (covered_ns / window) if window > 0 else None
+    gaps: list[tuple[int, int]] = []
+    cursor = lane.start
+    for s, e in covered:
+        if s - cursor >= GAP_MIN_NS:
+            gaps.append((cursor, s))
+        cursor = max(cursor, e)
+    if lane.end - cursor >= GAP_MIN_NS:
+        gaps.append((cursor, lane.end))
+    lane.unexplained_ns = max(0, window - covered_ns)
+    gaps.sort(key=lambda g: g[0] - g[1])
+    lane.gaps = sorted(gaps[:MAX_GAPS])
+    # top imports: top-level imports of the lane (they do not overlap)
+    tops = [n for n in work if n.phase == "import" and (n.parent_node is None or n.parent_node.phase != "import")]
+    tops.sort(key=lambda n: -n.duration)
+    lane.top_imports = [(n.module or n.name, n.duration) for n in tops[:5]]
+    lane.in_progress = [n for n in spans if n.in_progress]
+
+
+def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str, Any]]:
+    acc: dict[str, list[Any]] = {}
+    for n in model.spans:
+        if n.phase != "import":
+            continue
+        mod = n.module or n.name
+        a = acc.get(mod)
+        if a is None:
+            a = acc[mod] = [0, 0, set(), set(), 0]
+        a[0] += n.duration
+        a[1] += self_ns(n)
+        lane = model.lanes[n.lane]
+        a[2].add(n.lane)
+        a[3].add(rank_slot(lane))
+        a[4] += 1
+    out = [
+        {
+            "module": mod,
+            "cumulative_s": a[0] / 1e9,
+            "self_s": a[1] / 1e9,
+            "processes": len(a[2]),
+            "ranks_paid": len(a[3]),
+            "imports": a[4],
+        }
+        for mod, a in acc.items()
+    ]
+    out.sort(key=lambda d: (-d["cumulative_s"], d["module"]))
+    return out[:limit]

@@ -1,0 +1,191 @@
+"""The waterfall model: one analysis of a run that every view (JSON, HTML, terminal, metrics,
+compare) renders.
+
+Input is the run type (`starttrace.run.Run`), from any source; `analysis.lanes.build_model` builds
+the model, `analysis.critical_path` and `analysis.advice` derive from it. Times are absolute epoch
+nanoseconds inside the model; the JSON view uses microseconds relative to the run start (`t0`).
+
+Definitions (also in docs/service.md):
+- lane: one process (resource `service.instance.id`, else pid), grouped by role in ROLE_ORDER,
+  sorted by rank, then start.
+- a span still open is "in progress"; while the run is live its effective end is now, otherwise the
+  newest timestamp of the run. `open_s` is how long it has been open.
+- phase seconds of a lane: the union of the intervals of its spans with that phase (nested spans of
+  one phase are not counted twice; different phases may overlap, e.g. imports inside model_load).
+- lane ready: its `ready` span; else, once the run is ready, the end of its last span that ended
+  before the run's ready time. Time to ready is measured from the run start (`t0`).
+- coverage: share of the lane's window (its `process` span, up to the lane's ready time when
+  known) covered by the union of the lane's other spans; what is not covered is listed as gaps.
+- critical path: see `critical_path`.
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLE_ORDER = {"api_server": 0, "engine_core": 1, "forkserver": 2, "worker": 3, "helper": 4, "main": 5}
+
+NAME_PHASES = {
+    "startup": "startup",
+    "process": "process",
+    "python.init": "interpreter",
+    "forkserver.start": "forkserver",
+    "forkserver.preload": "forkserver_preload",
+    "process.launch": "launch",
+    "process.fork": "fork",
+    "process.bootstrap": "bootstrap",
+    "cuda.init": "cuda_init",
+    "dist.init": "dist_init",
+    "ready": "ready",
+}
+
+# phases whose time is not "work" inside a lane
+STRUCTURAL_PHASES = frozenset({"process", "startup"})
+
+GAP_MIN_NS = 1_000_000  # gaps shorter than 1 ms are not listed
+MAX_GAPS = 20
+TOP_HOTSPOTS = 200
+
+
+class SpanNode:
+    __slots__ = (
+        "attrs",
+        "children",
+        "depth",
+        "eff_end",
+        "end",
+        "error",
+        "id",
+        "idx",
+        "in_progress",
+        "instant",
+        "lane",
+        "name",
+        "parent",
+        "parent_node",
+        "phase",
+        "pos",
+        "start",
+        "thread",
+    )
+
+    def __init__(self) -> None:
+        self.children: list[SpanNode] = []
+        self.parent_node: SpanNode | None = None
+        self.depth = 0
+        self.pos = 0
+
+    @property
+    def duration(self) -> int:
+        return max(0, self.eff_end - self.start)
+
+    @property
+    def module(self) -> str | None:
+        mod = self.attrs.get("starttrace.import.module")
+        if isinstance(mod, str):
+            return mod
+        if self.name.startswith("import "):
+            return self.name[7:]
+        return None
+
+
+@dataclass
+class Lane:
+    index: int
+    id: str
+    pid: int | None
+    ppid: int | None
+    role: str | None
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    start_method: str | None
+    service: str | None
+    host: str | None
+    command: str | None
+    resource: dict[str, Any]
+    exited: bool | None
+    exit_code: int | None
+    warnings: list[str]
+    preloaded: list[str]
+    spans: list[SpanNode] = field(default_factory=list)
+    process_span: SpanNode | None = None
+    start: int = 0
+    end: int = 0
+    ready_ns: int | None = None
+    phases: dict[str, int] = field(default_factory=dict)
+    coverage: float | None = None
+    gaps: list[tuple[int, int]] = field(default_factory=list)
+    unexplained_ns: int = 0
+    import_ns: int = 0
+    top_imports: list[tuple[str, int]] = field(default_factory=list)
+    in_progress: list[SpanNode] = field(default_factory=list)
+    launched_by: SpanNode | None = None  # the launch/fork span (in another lane) that made it
+
+    @property
+    def label(self) -> str:
+        text = self.role or "process"
+        if self.rank is not None:
+            text += f" rank {self.rank}"
+        if self.pid is not None:
+            text += f" pid {self.pid}"
+        return text
+
+
+@dataclass
+class PathStep:
+    lane: int
+    name: str
+    phase: str
+    start: int
+    end: int
+    kind: str = "span"  # span | launch | gap
+
+
+@dataclass
+class RunModel:
+    run_id: str
+    trace_id: str | None
+    service: str | None
+    meta: dict[str, Any]
+    problems: list[str]
+    t0: int
+    t_end: int
+    now_ns: int
+    status: str  # ready | finished | exited | running
+    ready_ns: int | None
+    lanes: list[Lane]
+    spans: list[SpanNode]
+    phases: list[str]
+    hotspots: list[dict[str, Any]]
+    preload_advice: list[dict[str, Any]]
+    cuda_audit: dict[str, Any]
+    critical_path: list[PathStep]
+    version: int = 0
+    updated_at: float | None = None
+    source: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.status == "running"
+
+    @property
+    def startup_s(self) -> float:
+        end = self.ready_ns if self.ready_ns is not None else self.t_end
+        return max(0, end - self.t0) / 1e9
+
+    def seconds(self, t: int | None) -> float | None:
+        return None if t is None else round((t - self.t0) / 1e9, 6)
+
+
+def self_ns(n: SpanNode) -> int:
+    us = n.attrs.get("starttrace.import.self_us")
+    if isinstance(us, (int, float)) and not isinstance(us, bool):
+        return int(us * 1000)
+    return max(0, n.duration - sum(c.duration for c in n.children))
+
+
+def rank_slot(lane: Lane) -> tuple[Any, ...]:
+    return (lane.role, lane.rank) if lane.rank is not None else ("lane", lane.id)

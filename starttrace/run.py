@@ -1,0 +1,140 @@
+"""The run type: one startup run, as every source produces it and everything after reads it.
+
+A `Run` is the processes of one traced startup (one OpenTelemetry trace), each with its identity
+(resource: pid, role, rank, host, clock domain, ...) and its spans. Sources build it
+(`sources.journal_reader` from a journal directory, `sources.store` from what the service
+ingested over OTLP or from journals); analysis and every view take only this type.
+
+Conventions every source follows:
+- times are epoch nanoseconds; a span with `end_ns is None` (or `in_progress`) is still open;
+- parents are resolved across processes (a child process's `process` span hangs under the span
+  that launched or forked it);
+- the run's root spans (`startup`) are kept apart in `root_spans`, with the root process's resource;
+- a `process` span ends where its startup ended (its own ready, its exit, or the run's ready).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Link:
+    """A reference to a span elsewhere in the trace (e.g. the launch request of a forkserver child)."""
+
+    span_id: str
+    trace_id: str | None = None  # None: the run's trace
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Span:
+    span_id: str
+    parent_id: str | None
+    name: str
+    start_ns: int
+    end_ns: int | None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    thread: int | None = None
+    instant: bool = False
+    in_progress: bool = False  # still open; `end_ns` may then hold the last time it was seen
+    links: list[Link] = field(default_factory=list)
+
+    @property
+    def open(self) -> bool:
+        return self.in_progress or self.end_ns is None
+
+    @property
+    def duration_ns(self) -> int | None:
+        return None if self.open or self.end_ns is None else self.end_ns - self.start_ns
+
+
+@dataclass
+class Process:
+    """One process of the run: one lane of the waterfall."""
+
+    instance_id: str  # the lane key: unique per process within the run
+    pid: int
+    ppid: int
+    journal_path: Path | None
+    resource: dict[str, Any]
+    process_span_id: str
+    spans: list[Span]
+    exited: bool | None = False
+    exit_code: int | None = None
+    warnings: list[str] = field(default_factory=list)
+    preloaded: list[str] = field(default_factory=list)
+    created_ns: int = 0
+    activated_ns: int = 0
+    alive: bool | None = None  # None: cannot tell (another host, or not from a journal)
+    record: dict[str, Any] = field(default_factory=dict)  # the journal's process record, when read from one
+    source: str = "journal"  # journal | otlp
+
+    @property
+    def role(self) -> str:
+        return str(self.resource.get("starttrace.role") or "")
+
+    @property
+    def rank(self) -> int | None:
+        rank = self.resource.get("starttrace.rank")
+        return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+    @property
+    def host(self) -> str:
+        return str(self.resource.get("host.name") or "")
+
+    @property
+    def clock_domain(self) -> str:
+        return str(self.resource.get("starttrace.clock.domain") or self.host)
+
+    @property
+    def process_span(self) -> Span | None:
+        for span in self.spans:
+            if span.span_id == self.process_span_id:
+                return span
+        return None
+
+    def label(self) -> str:
+        """`role rank R pid P`, as every view names a lane."""
+        text = self.role or "process"
+        if self.rank is not None:
+            text += f" rank {self.rank}"
+        return f"{text} pid {self.pid}"
+
+
+@dataclass
+class Run:
+    run_id: str
+    trace_id: str
+    root_span_id: str
+    meta: dict[str, Any]
+    processes: list[Process]
+    problems: list[str]
+    root_spans: list[Span]
+    path: Path | None = None  # the journal directory, when read from one
+    service: str | None = None
+    source: str = "journal"  # journal | otlp | mixed
+    version: int = 0  # the store's version of the run (changes with every ingest)
+    updated_at: float | None = None  # epoch seconds of the newest ingest
+
+    @property
+    def startup(self) -> Span | None:
+        return self.root_spans[0] if self.root_spans else None
+
+    @property
+    def root_process(self) -> Process | None:
+        roots = [p for p in self.processes if p.resource.get("starttrace.start_method") == "root"]
+        return (roots or self.processes or [None])[0]
+
+    def all_spans(self) -> list[tuple[Process | None, Span]]:
+        """Every span with its process; the run's root spans come first, with process None."""
+        spans: list[tuple[Process | None, Span]] = [(None, s) for s in self.root_spans]
+        for process in self.processes:
+            spans.extend((process, s) for s in process.spans)
+        return spans
+
+    def span_count(self) -> int:
+        return len(self.root_spans) + sum(len(p.spans) for p in self.processes)

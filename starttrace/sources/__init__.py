@@ -1,0 +1,1 @@
+"""Sources: everything that produces the run type (`starttrace.run.Run`) from recorded data."""
