@@ -28,7 +28,8 @@ STATEFUL = {
     "grafana": "/var/lib/grafana",
 }
 EXPECTED_IMAGES = {
-    "otel-collector": ("otel/opentelemetry-collector", "OTELCOL_VERSION"),
+    # contrib: the core image has no business here (the filter processor routes by detail)
+    "otel-collector": ("otel/opentelemetry-collector-contrib", "OTELCOL_VERSION"),
     "jaeger": ("jaegertracing/jaeger", "JAEGER_VERSION"),
     "tempo": ("grafana/tempo", "TEMPO_VERSION"),
     "prometheus": ("prom/prometheus", "PROMETHEUS_VERSION"),
@@ -231,3 +232,44 @@ def test_deploy_doc_names_the_pinned_versions() -> None:
     for var in ("OTELCOL_VERSION", "JAEGER_VERSION", "TEMPO_VERSION", "PROMETHEUS_VERSION", "GRAFANA_VERSION"):
         assert env[var] in doc, f"docs/deploy.md does not mention {var}={env[var]}"
     assert "VLLM_STARTTRACE=1 OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318" in doc
+
+
+def test_collector_is_the_pinned_contrib_distribution(compose_config: dict[str, Any]) -> None:
+    env = read_env_file()
+    collector = compose_config["services"]["otel-collector"]
+    assert collector["image"] == f"otel/opentelemetry-collector-contrib:{env['OTELCOL_VERSION']}"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", env["OTELCOL_VERSION"])
+    # the config file compose mounts is the one the command names (the contrib image's own
+    # default is /etc/otelcol-contrib/config.yaml; the command makes it explicit)
+    configs = [a.split("=", 1)[1] for a in collector["command"] if a.startswith("--config=")]
+    assert len(configs) == 1, collector["command"]
+    mounts = {v["target"]: v for v in collector["volumes"]}
+    assert configs[0] in mounts, (configs, sorted(mounts))
+    assert Path(mounts[configs[0]]["source"]) == REPO / "deploy" / "otel-collector.yaml"
+
+
+def test_grafana_anonymous_visitors_are_viewers(compose_config: dict[str, Any]) -> None:
+    grafana = compose_config["services"]["grafana"]["environment"]
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
+    assert grafana["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer", "anonymous access must never be Admin or Editor"
+    assert read_env_file()["GRAFANA_ANONYMOUS_ROLE"] == "Viewer"
+    raw = COMPOSE_FILE.read_text(encoding="utf-8")
+    fallback = re.search(r"GF_AUTH_ANONYMOUS_ORG_ROLE:\s*\$\{GRAFANA_ANONYMOUS_ROLE:-(\w+)\}", raw)
+    assert fallback and fallback.group(1) == "Viewer", "without .env, anonymous must still be Viewer"
+
+
+def test_grafana_admin_password_comes_from_env(
+    compose_bin: Path, compose_config: dict[str, Any], tmp_path: Path
+) -> None:
+    grafana = compose_config["services"]["grafana"]["environment"]
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == read_env_file()["GRAFANA_ADMIN_PASSWORD"]
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"] not in ("", "admin"), "not Grafana's well-known default"
+    raw = COMPOSE_FILE.read_text(encoding="utf-8")
+    assert "${GRAFANA_ADMIN_PASSWORD:?" in raw, "no fallback password in docker-compose.yml"
+    # without it in .env, compose refuses to start the stack (and says what to set)
+    env = tmp_path / "no-password.env"
+    lines = ENV_FILE.read_text(encoding="utf-8").splitlines()
+    env.write_text("\n".join(ln for ln in lines if not ln.startswith("GRAFANA_ADMIN_PASSWORD=")) + "\n")
+    proc = run_compose(compose_bin, COMPOSE_FILE, "config", "-q", env_file=env)
+    assert proc.returncode != 0
+    assert "GRAFANA_ADMIN_PASSWORD" in proc.stderr, proc.stderr
