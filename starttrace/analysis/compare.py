@@ -55,10 +55,26 @@ def _lane_keys(model: RunModel) -> dict[str, Any]:
 
 
 def compare(a: RunModel, b: RunModel) -> Comparison:
-    def sec(model: RunModel, t: int | None) -> float | None:
-        return model.seconds(t)
+    summary = _summary(a, b)
+    notes = []
+    if summary["start_methods"]["a"] != summary["start_methods"]["b"]:
+        notes.append(
+            f"start methods differ: {', '.join(summary['start_methods']['a']) or '-'} vs "
+            f"{', '.join(summary['start_methods']['b']) or '-'}"
+        )
+    return Comparison(
+        a=a.run_id,
+        b=b.run_id,
+        summary=summary,
+        phases=_phases(a, b),
+        ranks=_ranks(a, b),
+        modules=_modules(a, b)[:MAX_MODULES],
+        notes=notes,
+    )
 
-    summary = {
+
+def _summary(a: RunModel, b: RunModel) -> dict[str, Any]:
+    return {
         "startup_s": {
             "a": round(a.startup_s, 6),
             "b": round(b.startup_s, 6),
@@ -73,15 +89,18 @@ def compare(a: RunModel, b: RunModel) -> Comparison:
         },
     }
 
-    # phases: summed over lanes
-    def phase_totals(m: RunModel) -> dict[str, float]:
-        tot: dict[str, float] = defaultdict(float)
-        for lane in m.lanes:
-            for ph, ns in lane.phases.items():
-                tot[ph] += ns / 1e9
-        return tot
 
-    pa, pb = phase_totals(a), phase_totals(b)
+def _phase_totals(m: RunModel) -> dict[str, float]:
+    """Seconds per phase, summed over the lanes."""
+    tot: dict[str, float] = defaultdict(float)
+    for lane in m.lanes:
+        for ph, ns in lane.phases.items():
+            tot[ph] += ns / 1e9
+    return tot
+
+
+def _phases(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
+    pa, pb = _phase_totals(a), _phase_totals(b)
     phases = [
         {
             "phase": ph,
@@ -92,38 +111,46 @@ def compare(a: RunModel, b: RunModel) -> Comparison:
         for ph in list(dict.fromkeys(list(a.phases) + list(b.phases)))
     ]
     phases.sort(key=lambda d: -abs(d["delta"]))
-    # ranks
+    return phases
+
+
+def _pair(x: float | None, y: float | None) -> dict[str, float | None]:
+    return {
+        "a": None if x is None else round(x, 6),
+        "b": None if y is None else round(y, 6),
+        "delta": _delta(x, y),
+    }
+
+
+def _ranks(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
+    """Lanes matched by role and rank (else role and order), side by side."""
     ka, kb = _lane_keys(a), _lane_keys(b)
     ranks = []
     for key in list(dict.fromkeys(list(ka) + list(kb))):
         la, lb = ka.get(key), kb.get(key)
-        ta = sec(a, la.ready_ns) if la is not None else None
-        tb = sec(b, lb.ready_ns) if lb is not None else None
+        ta = a.seconds(la.ready_ns) if la is not None else None
+        tb = b.seconds(lb.ready_ns) if lb is not None else None
         ph_names = list(dict.fromkeys(list(la.phases if la else {}) + list(lb.phases if lb else {})))
+        phases = {}
+        for ph in ph_names:
+            entry = _pair(la.phases.get(ph, 0) / 1e9 if la else None, lb.phases.get(ph, 0) / 1e9 if lb else None)
+            entry["a"] = round(la.phases[ph] / 1e9, 6) if la and ph in la.phases else None
+            entry["b"] = round(lb.phases[ph] / 1e9, 6) if lb and ph in lb.phases else None
+            phases[ph] = entry
         ranks.append(
             {
                 "key": key,
                 "pid_a": la.pid if la else None,
                 "pid_b": lb.pid if lb else None,
                 "time_to_ready_s": {"a": ta, "b": tb, "delta": _delta(ta, tb)},
-                "import_s": {
-                    "a": round(la.import_ns / 1e9, 6) if la else None,
-                    "b": round(lb.import_ns / 1e9, 6) if lb else None,
-                    "delta": _delta(la.import_ns / 1e9 if la else None, lb.import_ns / 1e9 if lb else None),
-                },
-                "phases": {
-                    ph: {
-                        "a": round(la.phases[ph] / 1e9, 6) if la and ph in la.phases else None,
-                        "b": round(lb.phases[ph] / 1e9, 6) if lb and ph in lb.phases else None,
-                        "delta": _delta(
-                            la.phases.get(ph, 0) / 1e9 if la else None, lb.phases.get(ph, 0) / 1e9 if lb else None
-                        ),
-                    }
-                    for ph in ph_names
-                },
+                "import_s": _pair(la.import_ns / 1e9 if la else None, lb.import_ns / 1e9 if lb else None),
+                "phases": phases,
             }
         )
-    # modules
+    return ranks
+
+
+def _modules(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
     ma = {h["module"]: h for h in a.hotspots}
     mb = {h["module"]: h for h in b.hotspots}
     modules = []
@@ -142,12 +169,4 @@ def compare(a: RunModel, b: RunModel) -> Comparison:
             }
         )
     modules.sort(key=lambda d: (-abs(d["delta"]), d["module"]))
-    notes = []
-    if summary["start_methods"]["a"] != summary["start_methods"]["b"]:
-        notes.append(
-            f"start methods differ: {', '.join(summary['start_methods']['a']) or '-'} vs "
-            f"{', '.join(summary['start_methods']['b']) or '-'}"
-        )
-    return Comparison(
-        a=a.run_id, b=b.run_id, summary=summary, phases=phases, ranks=ranks, modules=modules[:MAX_MODULES], notes=notes
-    )
+    return modules

@@ -19,74 +19,22 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
     if not model.spans:
         return []
     lanes = model.lanes
-    per_lane: list[list[SpanNode]] = []
-    ends: list[list[int]] = []
-    for lane in lanes:
-        cand = [
-            n
-            for n in lane.spans
-            if n is not lane.process_span and n.phase not in STRUCTURAL_PHASES and not n.instant and n.duration > 0
-        ]
-        cand.sort(key=lambda n: (n.eff_end, -n.duration))
-        per_lane.append(cand)
-        ends.append([n.eff_end for n in cand])
-    # who started whom: the launch/fork span that made a lane, and the launch *request* (a
-    # `process.launch` with the child's pid, e.g. in the requester of a forkserver child)
-    by_pid: dict[int, Lane] = {ln.pid: ln for ln in lanes if ln.pid is not None}
-    starter: dict[int, SpanNode] = {}
-    for lane in lanes:
-        for n in lane.spans:
-            child_pid = n.attrs.get("starttrace.child_pid")
-            if isinstance(child_pid, int) and n.phase in ("launch", "fork", "forkserver"):
-                child = by_pid.get(child_pid)
-                if child is None or child.index == lane.index:
-                    continue
-                prev = starter.get(child.index)
-                if prev is None or (prev.phase == "fork" and n.phase == "launch"):
-                    starter[child.index] = n
-    for lane in lanes:
-        if lane.index not in starter and lane.launched_by is not None:
-            starter[lane.index] = lane.launched_by
+    per_lane, ends = _candidates(lanes)
+    starter = _starters(lanes)
     children_of: dict[int, list[tuple[Lane, SpanNode]]] = {}
     for child_index, span in starter.items():
         children_of.setdefault(span.lane, []).append((lanes[child_index], span))
-    if model.ready_ns is not None:
-        ready = min(
-            (n for n in model.spans if n.start == model.ready_ns and n.name == "ready"),
-            key=lambda n: n.idx,
-            default=None,
-        )
-        lane_i = ready.lane if ready is not None else 0
-        t = model.ready_ns
-    else:
-        last = max(model.spans, key=lambda n: n.eff_end)
-        lane_i, t = last.lane, last.eff_end
+    lane_i, t = _target(model)
     steps: list[PathStep] = []
     visited_children: set[int] = set()
     for _ in range(max_steps):
-        cand, cend = per_lane[lane_i], ends[lane_i]
-        k = bisect.bisect_right(cend, t) - 1
-        chosen: SpanNode | None = None
-        while k >= 0:
-            n = cand[k]
-            if n.start < t:
-                # prefer the widest span among those that end at the same moment
-                chosen = n
-                j = k - 1
-                while j >= 0 and cend[j] == n.eff_end:
-                    if cand[j].start < chosen.start:
-                        chosen = cand[j]
-                    j -= 1
-                break
-            k -= 1
+        chosen = _last_ended(per_lane[lane_i], ends[lane_i], t)
         if chosen is None:
-            lane = lanes[lane_i]
             launcher = starter.get(lane_i)
             if launcher is None or launcher.lane == lane_i:
                 break
-            child_start = lane.start
             if launcher.start < t:
-                end = min(max(child_start, launcher.start), t)
+                end = min(max(lanes[lane_i].start, launcher.start), t)
                 steps.append(PathStep(launcher.lane, launcher.name, launcher.phase, launcher.start, end, "launch"))
             lane_i, t = launcher.lane, launcher.start
             continue
@@ -102,6 +50,73 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
         t = chosen.start
     steps.reverse()
     return steps
+
+
+def _candidates(lanes: list[Lane]) -> tuple[list[list[SpanNode]], list[list[int]]]:
+    """Per lane, the spans that can be on the path (sorted by end), and their ends."""
+    per_lane: list[list[SpanNode]] = []
+    ends: list[list[int]] = []
+    for lane in lanes:
+        cand = [
+            n
+            for n in lane.spans
+            if n is not lane.process_span and n.phase not in STRUCTURAL_PHASES and not n.instant and n.duration > 0
+        ]
+        cand.sort(key=lambda n: (n.eff_end, -n.duration))
+        per_lane.append(cand)
+        ends.append([n.eff_end for n in cand])
+    return per_lane, ends
+
+
+def _starters(lanes: list[Lane]) -> dict[int, SpanNode]:
+    """Who started whom: lane index -> the launch/fork span that made it, preferring the launch
+    *request* (a `process.launch` with the child's pid, e.g. in the requester of a forkserver child)."""
+    by_pid: dict[int, Lane] = {ln.pid: ln for ln in lanes if ln.pid is not None}
+    starter: dict[int, SpanNode] = {}
+    for lane in lanes:
+        for n in lane.spans:
+            child_pid = n.attrs.get("starttrace.child_pid")
+            if isinstance(child_pid, int) and n.phase in ("launch", "fork", "forkserver"):
+                child = by_pid.get(child_pid)
+                if child is None or child.index == lane.index:
+                    continue
+                prev = starter.get(child.index)
+                if prev is None or (prev.phase == "fork" and n.phase == "launch"):
+                    starter[child.index] = n
+    for lane in lanes:
+        if lane.index not in starter and lane.launched_by is not None:
+            starter[lane.index] = lane.launched_by
+    return starter
+
+
+def _target(model: RunModel) -> tuple[int, int]:
+    """Where the path ends: the run's `ready`, else the span that ended last."""
+    if model.ready_ns is not None:
+        ready = min(
+            (n for n in model.spans if n.start == model.ready_ns and n.name == "ready"),
+            key=lambda n: n.idx,
+            default=None,
+        )
+        return (ready.lane if ready is not None else 0), model.ready_ns
+    last = max(model.spans, key=lambda n: n.eff_end)
+    return last.lane, last.eff_end
+
+
+def _last_ended(cand: list[SpanNode], cend: list[int], t: int) -> SpanNode | None:
+    """The span that ended last at or before t and started before it; the widest of equals."""
+    k = bisect.bisect_right(cend, t) - 1
+    while k >= 0:
+        n = cand[k]
+        if n.start < t:
+            chosen = n
+            j = k - 1
+            while j >= 0 and cend[j] == n.eff_end:
+                if cand[j].start < chosen.start:
+                    chosen = cand[j]
+                j -= 1
+            return chosen
+        k -= 1
+    return None
 
 
 def _waited_child(

@@ -23,7 +23,6 @@ from urllib.parse import parse_qs
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from starttrace.analysis.compare import compare
 from starttrace.analysis.lanes import build_model
@@ -32,48 +31,11 @@ from starttrace.run import Run
 from starttrace.service.otlp_receiver import DEFAULT_MAX_BODY, handle_traces
 from starttrace.sources.journal_watcher import JournalWatcher
 from starttrace.sources.store import Store
+from starttrace.views import html
 from starttrace.views import prometheus as metrics
 from starttrace.views.export import export_document
+from starttrace.views.html import PHASE_COLORS
 from starttrace.views.json import to_json
-
-VIEWS = Path(__file__).resolve().parent.parent / "views"
-
-
-def phase_color(phase: str) -> str:
-    """The phase's colour; for a phase without one, the same hash colour waterfall.js draws."""
-    if phase in PHASE_COLORS:
-        return PHASE_COLORS[phase]
-    hue = 0
-    for char in phase:
-        hue = (hue * 31 + ord(char)) % 360
-    return f"hsl({hue},45%,58%)"
-
-
-PHASE_COLORS = {
-    "interpreter": "#9aa5b1",
-    "import": "#4e79a7",
-    "forkserver": "#b07aa1",
-    "forkserver_preload": "#d4a6c8",
-    "launch": "#f28e2b",
-    "fork": "#ff9d9a",
-    "bootstrap": "#edc948",
-    "cuda_init": "#e15759",
-    "dist_init": "#76b7b2",
-    "model_load": "#59a14f",
-    "compile": "#8cd17d",
-    "kv_cache": "#b6992d",
-    "cuda_graphs": "#499894",
-    "ready": "#2ca02c",
-    "api_server": "#86bcb6",
-    "config": "#d7b5a6",
-    "engine_init": "#9c755f",
-    "executor_init": "#f1ce63",
-    "worker_init": "#a0cbe8",
-    "device_init": "#fabfd2",
-    "server_startup": "#79706e",
-    "idle": "#e8e8e8",
-    "other": "#bab0ac",
-}
 
 
 def default_db_path() -> Path:
@@ -315,13 +277,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.journal_dir
         else None
     )
-    templates = Environment(
-        loader=FileSystemLoader(str(VIEWS / "templates")),
-        autoescape=select_autoescape(["html", "xml", "j2"], default_for_string=True, default=True),
-    )
-    templates.globals["phase_colors"] = PHASE_COLORS
-    templates.globals["phase_color"] = phase_color
-    templates.filters["utc"] = lambda secs: dt.datetime.fromtimestamp(float(secs), dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    templates = html.environment()
     stop_maintenance = threading.Event()
 
     def maintenance() -> None:
@@ -358,10 +314,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.counters = counters
     app.state.watcher = watcher
     app.state.settings = settings
-    app.mount("/static", StaticFiles(directory=str(VIEWS / "static")), name="static")
+    app.mount("/static", StaticFiles(directory=str(html.STATIC)), name="static")
 
     def render(name: str, **ctx: Any) -> HTMLResponse:
-        return HTMLResponse(templates.get_template(name).render(**ctx))
+        return HTMLResponse(html.render_page(templates, name, **ctx))
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:

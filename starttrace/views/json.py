@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from starttrace.analysis.model import STRUCTURAL_PHASES, RunModel, SpanNode
+from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, RunModel, SpanNode
 
 SPAN_FIELDS = ["id", "parent", "name", "phase", "start_us", "end_us", "depth", "flags", "attrs"]
 FLAG_IN_PROGRESS, FLAG_INSTANT, FLAG_ERROR = 1, 2, 4
@@ -22,39 +22,7 @@ def to_json(model: RunModel, include_spans: bool = True) -> dict[str, Any]:
     s = model.seconds
     lanes_out = []
     for lane in model.lanes:
-        entry: dict[str, Any] = {
-            "index": lane.index,
-            "id": lane.id,
-            "label": lane.label,
-            "role": lane.role,
-            "rank": lane.rank,
-            "local_rank": lane.local_rank,
-            "world_size": lane.world_size,
-            "pid": lane.pid,
-            "ppid": lane.ppid,
-            "start_method": lane.start_method,
-            "service": lane.service,
-            "host": lane.host,
-            "command": lane.command,
-            "exited": lane.exited,
-            "exit_code": lane.exit_code,
-            "warnings": lane.warnings,
-            "start_s": s(lane.start),
-            "end_s": s(lane.end),
-            "time_to_ready_s": s(lane.ready_ns),
-            "ready_since_start_s": None if lane.ready_ns is None else round((lane.ready_ns - lane.start) / 1e9, 6),
-            "phases": {ph: round(ns / 1e9, 6) for ph, ns in lane.phases.items()},
-            "import_s": round(lane.import_ns / 1e9, 6),
-            "top_imports": [{"module": m, "seconds": round(d / 1e9, 6)} for m, d in lane.top_imports],
-            "coverage": None if lane.coverage is None else round(lane.coverage, 4),
-            "unexplained_s": round(lane.unexplained_ns / 1e9, 6),
-            "gaps": [{"start_s": s(a), "end_s": s(b), "seconds": round((b - a) / 1e9, 6)} for a, b in lane.gaps],
-            "in_progress": [_open_span(n, model) for n in lane.in_progress],
-            "launched_by": None
-            if lane.launched_by is None
-            else {"lane": lane.launched_by.lane, "span": lane.launched_by.id, "name": lane.launched_by.name},
-            "span_count": len(lane.spans),
-        }
+        entry = _lane_json(model, lane)
         if include_spans:
             entry["spans"] = [_span_row(n, t0) for n in lane.spans]
         lanes_out.append(entry)
@@ -85,23 +53,65 @@ def to_json(model: RunModel, include_spans: bool = True) -> dict[str, Any]:
         "lanes": lanes_out,
         "ranks": rank_table(model),
         "in_progress": in_progress[:200],
-        "critical_path": [
-            {
-                "lane": st.lane,
-                "label": model.lanes[st.lane].label,
-                "name": st.name,
-                "phase": st.phase,
-                "kind": st.kind,
-                "start_s": s(st.start),
-                "end_s": s(st.end),
-                "seconds": round((st.end - st.start) / 1e9, 6),
-            }
-            for st in model.critical_path
-        ],
+        "critical_path": _path_json(model),
         "import_hotspots": model.hotspots[:100],
         "preload_advice": model.preload_advice,
         "cuda_audit": model.cuda_audit,
     }
+
+
+def _lane_json(model: RunModel, lane: Lane) -> dict[str, Any]:
+    s = model.seconds
+    return {
+        "index": lane.index,
+        "id": lane.id,
+        "label": lane.label,
+        "role": lane.role,
+        "rank": lane.rank,
+        "local_rank": lane.local_rank,
+        "world_size": lane.world_size,
+        "pid": lane.pid,
+        "ppid": lane.ppid,
+        "start_method": lane.start_method,
+        "service": lane.service,
+        "host": lane.host,
+        "command": lane.command,
+        "exited": lane.exited,
+        "exit_code": lane.exit_code,
+        "warnings": lane.warnings,
+        "start_s": s(lane.start),
+        "end_s": s(lane.end),
+        "time_to_ready_s": s(lane.ready_ns),
+        "ready_since_start_s": None if lane.ready_ns is None else round((lane.ready_ns - lane.start) / 1e9, 6),
+        "phases": {ph: round(ns / 1e9, 6) for ph, ns in lane.phases.items()},
+        "import_s": round(lane.import_ns / 1e9, 6),
+        "top_imports": [{"module": m, "seconds": round(d / 1e9, 6)} for m, d in lane.top_imports],
+        "coverage": None if lane.coverage is None else round(lane.coverage, 4),
+        "unexplained_s": round(lane.unexplained_ns / 1e9, 6),
+        "gaps": [{"start_s": s(a), "end_s": s(b), "seconds": round((b - a) / 1e9, 6)} for a, b in lane.gaps],
+        "in_progress": [_open_span(n, model) for n in lane.in_progress],
+        "launched_by": None
+        if lane.launched_by is None
+        else {"lane": lane.launched_by.lane, "span": lane.launched_by.id, "name": lane.launched_by.name},
+        "span_count": len(lane.spans),
+    }
+
+
+def _path_json(model: RunModel) -> list[dict[str, Any]]:
+    s = model.seconds
+    return [
+        {
+            "lane": st.lane,
+            "label": model.lanes[st.lane].label,
+            "name": st.name,
+            "phase": st.phase,
+            "kind": st.kind,
+            "start_s": s(st.start),
+            "end_s": s(st.end),
+            "seconds": round((st.end - st.start) / 1e9, 6),
+        }
+        for st in model.critical_path
+    ]
 
 
 def rank_table(model: RunModel) -> list[dict[str, Any]]:
