@@ -9,15 +9,33 @@ Conventions every source follows:
 - times are epoch nanoseconds; a span with `end_ns is None` (or `in_progress`) is still open;
 - parents are resolved across processes (a child process's `process` span hangs under the span
   that launched or forked it);
-- the run's root spans (`startup`) are kept apart in `root_spans`, with the root process's resource;
+- the run's root spans (`startup`) are kept apart in `root_spans` (one per node of a multi-node run),
+  each with the resource of its process (`root_owner`);
 - a `process` span ends where its startup ended (its own ready, its exit, or the run's ready).
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a run or its model is built: that allocates several
+    container objects per span (100k spans: ~1M objects, none of them garbage), and every
+    generation-2 pass in between rescans them all (measured: +40-60 % CPU for 96k spans)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @dataclass
@@ -128,6 +146,15 @@ class Run:
     def root_process(self) -> Process | None:
         roots = [p for p in self.processes if p.resource.get("starttrace.start_method") == "root"]
         return (roots or self.processes or [None])[0]
+
+    def root_owner(self, span: Span) -> Process | None:
+        """The process a root span belongs to: the one whose `process` span hangs under it (each
+        node of a multi-node run has its own root span), else the run's root process."""
+        for process in self.processes:
+            own = process.process_span
+            if own is not None and own.parent_id == span.span_id:
+                return process
+        return self.root_process
 
     def all_spans(self) -> list[tuple[Process | None, Span]]:
         """Every span with its process; the run's root spans come first, with process None."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from starttrace.analysis.advice import cuda_audit, preload_advice
 from starttrace.analysis.critical_path import critical_path
+from starttrace.analysis.findings import cuda_audit, find_all, preload_advice_rows
 from starttrace.analysis.model import (
     GAP_MIN_NS,
     MAX_GAPS,
@@ -20,7 +20,7 @@ from starttrace.analysis.model import (
     self_ns,
 )
 from starttrace.analysis.phases import merge_intervals, phase_of, union_ns
-from starttrace.run import Process, Run
+from starttrace.run import Process, Run, gc_paused
 
 
 def _int(value: Any) -> int | None:
@@ -36,9 +36,15 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def build_model(run: Run, now_ns: int | None = None) -> RunModel:
+def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = None) -> RunModel:
     """The waterfall model of `run`; `now_ns` (default: now) is the effective end of open spans
-    while the run is live."""
+    while the run is live; `stall_s` (default: STARTTRACE_STALL_S, else 60) when a span that is
+    still open makes a `stalled` finding."""
+    with gc_paused():
+        return _build(run, now_ns, stall_s)
+
+
+def _build(run: Run, now_ns: int | None, stall_s: float | None = None) -> RunModel:
     now = time.time_ns() if now_ns is None else now_ns
     lanes_by_id = {p.instance_id: _lane_of(p, run.service) for p in run.processes}
     nodes, by_id = _span_nodes(run, lanes_by_id)
@@ -82,9 +88,10 @@ def build_model(run: Run, now_ns: int | None = None) -> RunModel:
         source=run.source,
     )
     model.hotspots = import_hotspots(model)
-    model.preload_advice = preload_advice(model)
     model.cuda_audit = cuda_audit(model)
     model.critical_path = critical_path(model)
+    model.findings = find_all(model, stall_s)
+    model.preload_advice = preload_advice_rows(model.findings)
     return model
 
 

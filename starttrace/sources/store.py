@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starttrace.run import Link, Process, Run, Span
+from starttrace.run import Link, Process, Run, Span, gc_paused
 from starttrace.sources.batches import IngestBatch, ProcessBatch, SpanTuple
 from starttrace.sources.otlp import span_attrs
 
@@ -658,8 +658,9 @@ class Store:
 
     def load_run(self, run_id: str) -> Run | None:
         """The stored run as the run type (None: unknown run id)."""
-        rows = self.load_rows(run_id)
-        return None if rows is None else run_from_rows(rows)
+        with gc_paused():
+            rows = self.load_rows(run_id)
+            return None if rows is None else run_from_rows(rows)
 
     def load_rows(self, run_id: str) -> RunRows | None:
         conn = self._reader()
