@@ -12,7 +12,14 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "starttrace"
 
-HOT_PATH = ("starttrace.boot", "starttrace.recorder", "starttrace.journal", "starttrace.probes")
+HOT_PATH = (
+    "starttrace.boot",
+    "starttrace.recorder",
+    "starttrace.journal",
+    "starttrace.probes",
+    "starttrace.launchers",
+    "starttrace.nodeinfo",
+)
 # layer -> the starttrace layers it may import (besides itself)
 ALLOWED = {
     "hot": {"hot", "root"},
