@@ -11,7 +11,9 @@ hits both sides alike; the tables show medians and the traced/untraced ratio.
 2. wall time of whole programs: `python -c pass`, `python -c 'import torch'`,
    `python examples/tree.py --no-torch` (7 processes: spawn, fork, forkserver + 2, subprocess).
 3. per event: a program imports N synthetic modules (fresh files, nothing cached in sys.modules);
-   (traced - untraced) / N is the cost of one import span (begin + end record, two O_APPEND writes).
+   (traced - untraced) / N is the cost of one import span (begin + end record: two copies into the
+   journal's memory-mapped segment, no system call). Instructions instead of seconds:
+   benchmarks/bench_instructions.py.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ children, a `subprocess` Python child, and a spawn child that imports torch (whe
 prints its import times on stderr, and one file per process keeps them apart.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` here: a forkserver child would import `__future__`
+# before own_stderr() below, and print its import time into the forkserver's stderr file.
 import os
 
 SPLIT_ENV = "TREE_SPLIT_STDERR"
@@ -48,7 +48,7 @@ class launched_stderr:
         self.path = ""
         self.saved = -1
 
-    def __enter__(self) -> launched_stderr:
+    def __enter__(self) -> "launched_stderr":
         if self.folder:
             self.path = os.path.join(self.folder, f"launch-{os.getpid()}-{os.urandom(3).hex()}.err")
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -3,60 +3,94 @@
 Spans nest per thread: `begin` pushes onto the calling thread's stack and `end` pops, so an
 import triggered inside `cuda.init` hangs under it, and `cuda.init` triggered by an import hangs
 under that import. Each record is written to the journal at once (see docs/journal.md).
-"""
 
-from __future__ import annotations
+No `from __future__ import annotations` here or in any hot-path module: it imports the
+`__future__` module, which the traced program's own first import of it would then miss.
+Annotations that name typing-only types are strings for the same reason (`typing` is not loaded).
+"""
 
 import os
 import sys
-from _thread import get_ident
+from _thread import allocate_lock, get_ident
 from time import monotonic_ns
 
 from starttrace.journal import JournalWriter, encode, quote
 
-TYPE_CHECKING = False  # `typing` is not imported at run time: see the module docstring of journal.py
+TYPE_CHECKING = False  # `typing` is not imported at run time: see the module docstring
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, TypeAlias
 
     Attrs: TypeAlias = dict[str, Any]
 
-_writer: JournalWriter | None = None
+_writer: "JournalWriter | None" = None
 process_span_id: str = ""
-_stacks: dict[int, list[str]] = {}
+_stacks: "dict[int, list[str]]" = {}
 _main_ident: int = get_ident()
-_foreign: set[str] = set()  # spans begun by the parent before a fork: the child must not end them
-_reported: set[str] = set()
+_foreign: "set[str]" = set()  # spans begun by the parent before a fork: the child must not end them
+_reported: "set[str]" = set()
 # Begin records held back until the span proves long enough (STARTTRACE_MIN_IMPORT_US > 0):
 # span id -> (begin line, begin time). Written before any descendant, so parents always exist.
-pending: dict[str, tuple[str, int]] = {}
+pending: "dict[str, tuple[str, int]]" = {}
 min_span_ns = 0
-_post_import_hooks: dict[str, list[Callable[[Any], None]]] = {}
-process_attrs: Attrs = {}
+# The thread whose imports take the import probe's inlined path: the main thread, or none (-1)
+# while spans are held back (min_span_ns > 0). Kept by attach() and set_min_span_ns().
+plain_ident = -1
+_post_import_hooks: "dict[str, list[Callable[[Any], None]]]" = {}
+# Modules starttrace loaded and hid again (journal.footprint): the program's first import of one
+# carries `starttrace.import.footprint_ns` (what starttrace's own load took; docs/journal.md).
+import_credits: "dict[str, int | None]" = {}
+process_attrs: "Attrs" = {}
+
+# Span ids: 16 hex digits, a random 56-bit block number per process (14 digits) and 256 ids per
+# block (2 digits), so that an id costs no system call and no number formatting: `next_span_id`
+# returns the next string of a list made 256 at a time (one C call, atomic under the GIL).
+_HEX = "0123456789abcdef"
+_LOW = [a + b for a in _HEX for b in _HEX]
+_id_lock = allocate_lock()
 
 
-class _SpanIds:
-    """Span ids: a random 64-bit base per process, then consecutive (no syscall per span).
+class _Ids:
+    """Two processes collide only if their ranges of blocks overlap: ~1e-12 for 10k blocks each
+    (2.5 M spans). A fork child draws a new block number (reseed) so it never repeats its parent's ids."""
 
-    Two processes collide only if their ranges overlap: ~1e-15 for 10k spans each. A fork child
-    draws a new base (reseed) so it never repeats its parent's ids.
-    """
-
-    base = int.from_bytes(os.urandom(8), "little")
-    count = 0
-
-
-_ids = _SpanIds()
+    block = 0
 
 
 def reseed_span_ids() -> None:
-    _ids.base = int.from_bytes(os.urandom(8), "little")
-    _ids.count = 0
+    global _id_lock, next_span_id
+    _id_lock = allocate_lock()  # a fork child: the parent's lock may have been held at the fork
+    _Ids.block = int.from_bytes(os.urandom(7), "little") % ((1 << 56) - (1 << 32)) + 1
+    next_span_id = _exhausted
+
+
+def _exhausted() -> str:
+    raise StopIteration
+
+
+def refill_span_ids() -> str:
+    """The ids of the current block are used up: the first id of the next block."""
+    global next_span_id
+    with _id_lock:  # two threads can find the block used up at once: one makes the next
+        try:
+            return next_span_id()
+        except StopIteration:
+            pass
+        prefix = "%014x" % _Ids.block
+        _Ids.block += 1
+        next_span_id = iter([prefix + low for low in _LOW]).__next__
+        return next_span_id()
 
 
 def new_span_id() -> str:
-    _ids.count += 1
-    return "%016x" % ((_ids.base + _ids.count) & 0xFFFFFFFFFFFFFFFF or 1)
+    try:
+        return next_span_id()
+    except StopIteration:
+        return refill_span_ids()
+
+
+next_span_id: "Callable[[], str]" = _exhausted
+reseed_span_ids()
 
 
 def active() -> bool:
@@ -65,10 +99,18 @@ def active() -> bool:
 
 def attach(writer: JournalWriter, process_span: str) -> None:
     """Make `writer` the journal of this process (at activation, and again in a fork child)."""
-    global _writer, process_span_id, _main_ident
+    global _writer, process_span_id, _main_ident, plain_ident
     _writer = writer
     process_span_id = process_span
     _main_ident = get_ident()
+    plain_ident = -1 if min_span_ns else _main_ident
+
+
+def set_min_span_ns(ns: int) -> None:
+    """Hold begin records back until a span lasts `ns` (STARTTRACE_MIN_IMPORT_US)."""
+    global min_span_ns, plain_ident
+    min_span_ns = ns
+    plain_ident = -1 if ns else _main_ident
 
 
 def detach() -> None:
@@ -78,7 +120,7 @@ def detach() -> None:
     _writer = None
 
 
-def report(message: str, key: str | None = None) -> None:
+def report(message: str, key: "str | None" = None) -> None:
     """Report an internal failure once (per key) on stderr and in the journal; never raises."""
     key = key or message
     if key in _reported:
@@ -89,17 +131,40 @@ def report(message: str, key: str | None = None) -> None:
     except OSError:
         pass
     if _writer is not None:
-        _writer.write('{"k":"warn","t":%d,"msg":%s}\n' % (monotonic_ns(), quote(message)))
+        write('{"k":"warn","t":%d,"msg":%s}\n' % (monotonic_ns(), quote(message)))
 
 
 def write(line: str) -> None:
+    """Write one record (a whole line). A failure (disk full) disables the journal, reported once."""
     writer = _writer
-    if writer is not None and not writer.write(line):
+    if writer is None:
+        return
+    put = writer.put
+    try:
+        data = line.encode()
+    except UnicodeEncodeError:  # lone surrogates (file names in surrogateescape): written as \udcXX
+        data = line.encode("utf-8", "backslashreplace")
+    try:
+        put(data)  # type: ignore[misc]
+    except (ValueError, TypeError):  # the segment is full (or the writer has failed: put is None)
+        write_slow(writer, put, data)
+
+
+def write_slow(writer: JournalWriter, put: object, data: bytes) -> None:
+    """`put` (the writer's segment) had no room for `data`: on to the next segment, or give up."""
+    try:
+        if put is not None and writer.overflow(put, data):
+            return
+    except Exception as exc:  # never let a journal failure reach the program
+        writer.failed = writer.failed or f"{type(exc).__name__}: {exc}"
+    if writer.failed is None:
+        return  # a writer closed meanwhile (by another thread's detach): nothing failed
+    if writer is _writer:
         detach()
-        report(f"journal disabled: {writer.failed}", key="journal-write")
+    report(f"journal disabled: {writer.failed}", key="journal-write")
 
 
-def _stack() -> list[str]:
+def _stack() -> "list[str]":
     ident = get_ident()
     stack = _stacks.get(ident)
     if stack is None:
@@ -114,11 +179,11 @@ def current_span() -> str:
 
 def begin(
     name: str,
-    attrs: Attrs | None = None,
-    parent: str | None = None,
-    t: int | None = None,
+    attrs: "Attrs | None" = None,
+    parent: "str | None" = None,
+    t: "int | None" = None,
     push: bool = True,
-    span_id: str | None = None,
+    span_id: "str | None" = None,
 ) -> str:
     """Start a span; returns its id ("" when tracing is off)."""
     if _writer is None:
@@ -149,7 +214,7 @@ def begin(
     return span_id
 
 
-def flush_pending(stack: list[str]) -> None:
+def flush_pending(stack: "list[str]") -> None:
     """Write the held-back begin records of the spans open on this stack, outermost first."""
     for open_id in stack:
         held = pending.pop(open_id, None)
@@ -157,7 +222,7 @@ def flush_pending(stack: list[str]) -> None:
             write(held[0])
 
 
-def end(span_id: str, attrs: Attrs | None = None, error: str | None = None, t: int | None = None) -> None:
+def end(span_id: str, attrs: "Attrs | None" = None, error: "str | None" = None, t: "int | None" = None) -> None:
     if not span_id or _writer is None:
         return
     if span_id in _foreign:
@@ -184,7 +249,7 @@ def end(span_id: str, attrs: Attrs | None = None, error: str | None = None, t: i
     write(line + "}\n")
 
 
-def instant(name: str, attrs: Attrs | None = None, parent: str | None = None) -> str:
+def instant(name: str, attrs: "Attrs | None" = None, parent: "str | None" = None) -> str:
     """Record a zero-length span (an event such as `ready`)."""
     if _writer is None:
         return ""
@@ -205,7 +270,7 @@ def instant(name: str, attrs: Attrs | None = None, parent: str | None = None) ->
     return span_id
 
 
-def set_process_attrs(attrs: Attrs) -> None:
+def set_process_attrs(attrs: "Attrs") -> None:
     """Process identity learnt late (role, rank, ...): applies to every span of the process."""
     changed = {k: v for k, v in attrs.items() if process_attrs.get(k) != v}
     if not changed:
@@ -219,17 +284,17 @@ class span:
 
     __slots__ = ("attrs", "end_attrs", "name", "span_id")
 
-    def __init__(self, name: str, attrs: Attrs | None = None) -> None:
+    def __init__(self, name: str, attrs: "Attrs | None" = None) -> None:
         self.name = name
         self.attrs = attrs
         self.span_id = ""
         self.end_attrs: Attrs = {}
 
-    def __enter__(self) -> span:
+    def __enter__(self) -> "span":
         self.span_id = begin(self.name, self.attrs)
         return self
 
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+    def __exit__(self, kind: "Any", exc: "BaseException | None", tb: "Any") -> None:
         error = None if exc is None else f"{kind.__name__}: {exc}"
         end(self.span_id, self.end_attrs or None, error)
 
@@ -238,12 +303,20 @@ def forget_stacks_after_fork() -> None:
     """In a fork child: spans still open belong to the parent's journal."""
     for stack in _stacks.values():
         _foreign.update(stack)
+        stack.clear()  # an import frame still running in the child sees its span is no longer on top
     _stacks.clear()
     pending.clear()  # held-back begins of the parent's open imports: never written by the child
     reseed_span_ids()
 
 
-def when_imported(module: str, hook: Callable[[Any], None]) -> None:
+def credit_import(module: str, cost_ns: "int | None") -> None:
+    """`module` was loaded by starttrace and hidden again: credit its cost to the program's first
+    import of it (the import probe adds `starttrace.import.footprint_ns` to that span's end)."""
+    import_credits[module] = cost_ns
+    _post_import_hooks.setdefault(module, [])  # the import probe's slow path looks here
+
+
+def when_imported(module: str, hook: "Callable[[Any], None]") -> None:
     """Run `hook(module)` right after `module` is first imported (or now if it already is)."""
     loaded = sys.modules.get(module)
     if loaded is not None and getattr(getattr(loaded, "__spec__", None), "_initializing", False) is False:
@@ -252,7 +325,7 @@ def when_imported(module: str, hook: Callable[[Any], None]) -> None:
     _post_import_hooks.setdefault(module, []).append(hook)
 
 
-def run_post_import_hooks(name: str, module: Any) -> None:
+def run_post_import_hooks(name: str, module: "Any") -> None:
     hooks = _post_import_hooks.pop(name, None)
     if hooks:
         for hook in hooks:
@@ -260,10 +333,10 @@ def run_post_import_hooks(name: str, module: Any) -> None:
 
 
 def has_post_import_hooks() -> bool:
-    return bool(_post_import_hooks)
+    return any(_post_import_hooks.values())
 
 
-def run_hook(hook: Callable[[Any], None], module: Any) -> None:
+def run_hook(hook: "Callable[[Any], None]", module: "Any") -> None:
     try:
         hook(module)
     except Exception as exc:  # a probe must never break the traced program

@@ -4,9 +4,14 @@ CPython looks `_find_and_load` up as an attribute of the importlib module on eve
 import (`import` statements, `__import__`, `importlib.import_module`), so one wrapper sees every
 module load. Imports that arrive through `importlib.import_module` (whose `import_` argument is
 `_gcd_import`, not `builtins.__import__`) are tagged: `-X importtime` does not print them.
-"""
 
-from __future__ import annotations
+The wrapper runs for every module a program loads, so its common case (the main thread, an
+`import` statement, names and paths that need no escaping) is the recorder's `begin`, `end` and
+`write` written out inline, without their calls: two f-strings, two clock reads and two copies
+into the journal's mapping (docs/benchmarks.md has its cost in instructions). Anything unusual
+(another thread, `importlib`, held-back spans, a fork during the import, a probe waiting for this
+module, a full journal segment) takes the recorder's general path.
+"""
 
 import os
 import sys
@@ -21,7 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-_original: Callable[[str, Any], Any] | None = None
+_original: "Callable[[str, Any], Any] | None" = None
 
 
 def install() -> None:
@@ -32,7 +37,7 @@ def install() -> None:
         return
     min_us = os.environ.get("STARTTRACE_MIN_IMPORT_US", "0").strip()
     if min_us.isdigit() and int(min_us) > 0:
-        recorder.min_span_ns = int(min_us) * 1000
+        recorder.set_min_span_ns(int(min_us) * 1000)
     elif min_us not in ("", "0"):
         recorder.report(f"ignoring STARTTRACE_MIN_IMPORT_US={min_us!r}: not a whole number of microseconds")
     _original = bootstrap._find_and_load
@@ -46,54 +51,106 @@ def uninstall() -> None:
         bootstrap._find_and_load = _original
 
 
-def _make_wrapper(original: Callable[[str, Any], Any], builtin_import: Any) -> Callable[[str, Any], Any]:
+def _make_wrapper(original: "Callable[[str, Any], Any]", builtin_import: "Any") -> "Callable[[str, Any], Any]":
+    # Long by design: the import hook is the hottest code of the hot path: one closure with its names bound as locals,
+    # no helper calls (see docs/benchmarks.md, instructions per import span).
     modules = sys.modules
     stacks = recorder._stacks
-    new_id = recorder.new_span_id
-    write = recorder.write
+    pending = recorder.pending
+    post_hooks = recorder._post_import_hooks
+    rec = recorder
 
-    def _find_and_load(name: str, import_: Any) -> Any:
-        if name in modules or recorder._writer is None:
+    def _find_and_load(name: str, import_: "Any") -> "Any":
+        writer = rec._writer
+        if writer is None or name in modules:
             return original(name, import_)
-        span_id = new_id()
+        try:
+            span_id = rec.next_span_id()
+        except StopIteration:
+            span_id = rec.refill_span_ids()
         ident = get_ident()
-        stack = stacks.get(ident)
-        if stack is None:
+        try:
+            stack = stacks[ident]
+        except KeyError:
             stack = stacks[ident] = []
-        parent = stack[-1] if stack else recorder.process_span_id
-        via = "" if import_ is builtin_import else ',"starttrace.import.via":"importlib"'
-        thread = "" if ident == recorder._main_ident else ',"th":%d' % ident
-        quoted = quote(name)
-        start = monotonic_ns()
-        line = (
-            '{"k":"b","s":"%s","p":"%s","n":"import %s","t":%d%s,"a":{"starttrace.phase":"import",'
-            '"starttrace.import.module":%s%s}}\n'
-        ) % (span_id, parent, quoted[1:-1], start, thread, quoted, via)
-        if recorder.min_span_ns:
-            recorder.pending[span_id] = (line, start)
-        else:
-            if recorder.pending:
-                recorder.flush_pending(stack)
-            write(line)
+        if (
+            ident != rec.plain_ident
+            or import_ is not builtin_import
+            or not (name.isprintable() and '"' not in name and "\\" not in name)
+        ):
+            _begin_slow(span_id, name, ident, import_ is not builtin_import, stack)
+        else:  # the common case: the main thread, an `import` statement, spans not held back
+            line = (
+                f'{{"k":"b","s":"{span_id}","p":"{stack[-1] if stack else rec.process_span_id}",'
+                f'"n":"import {name}","t":{monotonic_ns()},"a":{{"starttrace.phase":"import",'
+                f'"starttrace.import.module":"{name}"}}}}\n'
+            )
+            try:
+                writer.put(line.encode())
+            except (ValueError, TypeError):  # segment full, journal failed, lone surrogates
+                rec.write(line)
         stack.append(span_id)
         try:
             module = original(name, import_)
         except BaseException as exc:
-            recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
+            rec.end(span_id, error=f"{type(exc).__name__}: {exc}")
             raise
-        path = getattr(module, "__file__", None)
-        if recorder.pending or span_id in recorder._foreign or not stack or stack[-1] != span_id:
-            recorder.end(span_id, {"code.file.path": path} if isinstance(path, str) else None)
-        else:  # the common case, inlined: this span is on top of this thread's stack
-            stack.pop()
-            if isinstance(path, str):
-                write('{"k":"e","s":"%s","t":%d,"a":{"code.file.path":%s}}\n' % (span_id, monotonic_ns(), quote(path)))
+        try:
+            path = module.__dict__.get("__file__")  # no AttributeError (costly) for built-in modules
+        except Exception:
+            path = getattr(module, "__file__", None)
+        if stack and stack[-1] is span_id and not pending and name not in post_hooks:
+            stack.pop()  # the common case: this span is on top of this thread's stack
+            if path.__class__ is not str:
+                line = f'{{"k":"e","s":"{span_id}","t":{monotonic_ns()}}}\n'
+            elif path.isprintable() and '"' not in path and "\\" not in path:
+                line = f'{{"k":"e","s":"{span_id}","t":{monotonic_ns()},"a":{{"code.file.path":"{path}"}}}}\n'
             else:
-                write('{"k":"e","s":"%s","t":%d}\n' % (span_id, monotonic_ns()))
-        if recorder._post_import_hooks:
-            recorder.run_post_import_hooks(name, module)
+                line = f'{{"k":"e","s":"{span_id}","t":{monotonic_ns()},"a":{{"code.file.path":{quote(path)}}}}}\n'
+            try:  # `writer` may have failed or been replaced meanwhile (a fork): rec.write sorts it out
+                writer.put(line.encode())
+            except (ValueError, TypeError):
+                rec.write(line)
+        else:
+            _end_slow(name, span_id, path, module)
         return module
 
     _find_and_load.__starttrace__ = True  # type: ignore[attr-defined]
     _find_and_load.__wrapped__ = original  # type: ignore[attr-defined]
     return _find_and_load
+
+
+def _begin_slow(span_id: str, name: str, ident: int, via_importlib: bool, stack: "list[str]") -> None:
+    """The begin record of an import span off the common path (another thread, importlib, a name
+    that needs escaping, spans held back)."""
+    start = monotonic_ns()
+    text = quote(name)[1:-1]
+    line = (
+        f'{{"k":"b","s":"{span_id}","p":"{stack[-1] if stack else recorder.process_span_id}",'
+        f'"n":"import {text}","t":{start}'
+        + ("" if ident == recorder._main_ident else f',"th":{ident}')
+        + f',"a":{{"starttrace.phase":"import","starttrace.import.module":"{text}"'
+        + (',"starttrace.import.via":"importlib"' if via_importlib else "")
+        + "}}\n"
+    )
+    if recorder.min_span_ns:
+        recorder.pending[span_id] = (line, start)
+    else:
+        if recorder.pending:
+            recorder.flush_pending(stack)
+        recorder.write(line)
+
+
+def _end_slow(name: str, span_id: str, path: object, module: "Any") -> None:
+    """End an import span the general way (held back, forked meanwhile, not on top of the stack,
+    a probe waiting for this module), then run the probes' post-import hooks."""
+    attrs: dict[str, object] = {}
+    if isinstance(path, str):
+        attrs["code.file.path"] = path
+    if name in recorder.import_credits:
+        cost = recorder.import_credits.pop(name)
+        if cost is not None:
+            attrs["starttrace.import.footprint_ns"] = cost
+    recorder.end(span_id, attrs or None)
+    if recorder._post_import_hooks:
+        recorder.run_post_import_hooks(name, module)

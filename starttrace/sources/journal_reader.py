@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from starttrace.boot import default_journal_root, process_start_monotonic
 from starttrace.run import Link, Process, Run, Span
+from starttrace.sources.journal_files import journal_files, journal_lines
 
 __all__ = [
     "EmptyRun",
@@ -54,8 +56,19 @@ def list_run_dirs(root: Path) -> list[Path]:
     """Run folders under `root`, newest first."""
     if not root.is_dir():
         return []
-    runs = [p for p in root.iterdir() if p.is_dir() and ((p / "run.json").exists() or any(p.glob("*.jsonl")))]
-    return sorted(runs, key=lambda p: (p.name, p.stat().st_mtime), reverse=True)
+    runs = [p for p in root.iterdir() if p.is_dir() and ((p / "run.json").exists() or any(journal_files(p)))]
+    return sorted(runs, key=_created_key, reverse=True)
+
+
+def _created_key(run_dir: Path) -> tuple[str, float, str]:
+    """When a run folder was made: its name's timestamp (YYYYmmdd-HHMMSS-...), else (a job's run id,
+    `torchrun-3ccd86412979`, docs/multinode.md) the time of its run.json, in the same form."""
+    name = run_dir.name
+    if len(name) > 15 and name[8] == "-" and name[:8].isdigit() and name[9:15].isdigit():
+        return name[:15], run_dir.stat().st_mtime, name
+    meta = run_dir / "run.json"
+    mtime = (meta if meta.exists() else run_dir).stat().st_mtime
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime(mtime)), mtime, name
 
 
 def find_run_dir(root: Path, run_id: str | None) -> Path:
@@ -89,11 +102,12 @@ class _ParsedJournal:
 
 def _parse_journal(path: Path) -> _ParsedJournal | str | None:
     """Parse one journal; a string is the reason the whole file was skipped."""
+    # Long by design: one pass over a journal's records, one branch per record kind (docs/journal.md); kept in one loop
+    # for speed on 100k-record journals.
     try:
-        data = path.read_bytes()
+        lines = journal_lines(path)  # either version; a version 2 journal's segments joined
     except OSError as exc:
         return f"cannot read {path.name}: {exc}"
-    lines = data.split(b"\n")
     record: dict[str, Any] | None = None
     spans: dict[str, Span] = {}
     ends: list[dict[str, Any]] = []
@@ -188,6 +202,8 @@ def _alive(pid: int, created_mono: int, host: str) -> bool | None:
 
 
 def read_run(run_dir: Path) -> Run:
+    # Long by design: the reader's steps in order (parse, merge ends, processes, parents, lane ends, self times); each
+    # step that is more than a few lines is its own function.
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunNotFound(f"no run at {run_dir}")
@@ -200,7 +216,7 @@ def read_run(run_dir: Path) -> Run:
         except (ValueError, OSError) as exc:
             problems.append(f"run.json unreadable: {exc}")
     parsed: list[tuple[Path, _ParsedJournal]] = []
-    for path in sorted(run_dir.glob("*.jsonl")):
+    for path in journal_files(run_dir):
         result = _parse_journal(path)
         if isinstance(result, str):
             problems.append(result)
@@ -229,7 +245,9 @@ def read_run(run_dir: Path) -> Run:
             if end["err"] is not None:
                 span.error = str(end["err"])
 
-    root_spans = [all_spans.pop(root_span_id)] if root_span_id in all_spans else []
+    # one root span per node of a multi-node run: each node's root process names its own
+    root_ids = dict.fromkeys([root_span_id] + [str(j.record.get("root_span") or "") for _, j in parsed])
+    root_spans = sorted((all_spans.pop(i) for i in root_ids if i in all_spans), key=lambda s: s.start_ns)
     processes: list[Process] = []
     for path, journal in parsed:
         record = journal.record
@@ -259,7 +277,7 @@ def read_run(run_dir: Path) -> Run:
         process.alive = False if process.exited else _alive(process.pid, created_mono, str(record.get("host", "")))
         processes.append(process)
 
-    _resolve_parents(processes, root_spans, all_spans, root_span_id)
+    _resolve_parents(processes, root_spans, all_spans, {root_span_id, *(s.span_id for s in root_spans)})
     _end_process_lanes(processes, root_spans)
     _import_self_times(processes)
     for _, span in [(None, s) for s in root_spans] + [(p, s) for p in processes for s in p.spans]:
@@ -270,25 +288,32 @@ def read_run(run_dir: Path) -> Run:
 
 
 def _resolve_parents(
-    processes: list[Process], root_spans: list[Span], all_spans: dict[str, Span], root_span_id: str
+    processes: list[Process], root_spans: list[Span], all_spans: dict[str, Span], root_ids: set[str]
 ) -> None:
-    launches: dict[int, list[Span]] = {}
+    launches: dict[tuple[str, int], list[Span]] = {}
     for process in processes:
         for span in process.spans:
             child = span.attrs.get("starttrace.child_pid")
             if span.name in LAUNCH_SPANS and isinstance(child, int):
-                launches.setdefault(child, []).append(span)
-    by_pid = {p.pid: p for p in processes}
+                launches.setdefault((process.clock_domain, child), []).append(span)
+    by_pid = {(p.clock_domain, p.pid): p for p in processes}  # pids repeat across hosts
     fallback_root = root_spans[0].span_id if root_spans else None
+    node_roots = {  # the root span of each host's (clock domain's) tree
+        p.clock_domain: own.parent_id
+        for p in processes
+        if (own := p.process_span) is not None
+        and own.parent_id in root_ids
+        and p.resource.get("starttrace.start_method") == "root"
+    }
     for process in processes:
         own = process.process_span
         if own is None:
             continue
-        candidates = launches.get(process.pid, [])
+        candidates = launches.get((process.clock_domain, process.pid), [])
         forks = [s for s in candidates if s.name == "process.fork"]
         requests = [s for s in candidates if s.name != "process.fork"]
-        if own.parent_id not in all_spans and own.parent_id != root_span_id:
-            parent_process = by_pid.get(process.ppid)
+        if own.parent_id not in all_spans and own.parent_id not in root_ids:
+            parent_process = by_pid.get((process.clock_domain, process.ppid))
             if forks:
                 own.parent_id = forks[0].span_id
             elif requests:
@@ -296,7 +321,7 @@ def _resolve_parents(
             elif parent_process is not None and parent_process is not process:
                 own.parent_id = parent_process.process_span_id
             else:
-                own.parent_id = fallback_root
+                own.parent_id = node_roots.get(process.clock_domain, fallback_root)
         # A forkserver child hangs under the forkserver's fork; the requester's launch is a link.
         launch = next((s for s in requests if s.span_id != own.parent_id and s.name == "process.launch"), None)
         if launch is not None:
@@ -306,7 +331,7 @@ def _resolve_parents(
         for span in process.spans:
             if span is own:
                 continue
-            if span.parent_id not in ids and span.parent_id not in all_spans and span.parent_id != root_span_id:
+            if span.parent_id not in ids and span.parent_id not in all_spans and span.parent_id not in root_ids:
                 span.parent_id = own.span_id
 
 
@@ -316,10 +341,9 @@ def _end_process_lanes(processes: list[Process], root_spans: list[Span]) -> None
         for span in process.spans:
             if span.name == "ready":
                 run_ready = span.start_ns if run_ready is None else min(run_ready, span.start_ns)
-    if root_spans and run_ready is not None:
-        root = root_spans[0]
+    for root in root_spans if run_ready is not None else []:  # every node's root ends at the run's ready
         if root.end_ns is None or root.end_ns > run_ready:
-            root.end_ns = run_ready
+            root.end_ns = max(run_ready, root.start_ns)
     for process in processes:
         own = process.process_span
         if own is None:

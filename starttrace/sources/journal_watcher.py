@@ -1,7 +1,8 @@
-"""Watch a journal root (`ROOT/<run_id>/*.jsonl`) and feed new runs and new lines into the store.
+"""Watch a journal root (`ROOT/<run_id>/`, journals of either version) and feed new runs and new lines into the store.
 
-Every `poll_s` the watcher stats the files of each run folder; a run whose files did not change
-costs one `stat` per file. A changed run is re-read with `starttrace.sources.journal_reader.read_run` (the reader
+Every `poll_s` the watcher looks at the files of each run folder; a run whose files did not change
+costs one `stat` per file (and, for a version 2 segment, a read of the byte after its last record:
+its size is fixed). A changed run is re-read with `starttrace.sources.journal_reader.read_run` (the reader
 resolves cross-process links, so a run is read as a whole), and only the spans that are new or
 changed since the last read (ended, new attributes, re-parented) are written to the store.
 """
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,20 +25,15 @@ log = logging.getLogger("starttrace.service")
 Signature = tuple[tuple[str, int, int], ...]
 
 
+_USED: dict[str, dict[str, int]] = {}  # run folder -> journal file -> bytes in use (see _signature)
+
+
 def _signature(run_dir: Path) -> Signature:
-    out = []
-    try:
-        with os.scandir(run_dir) as it:
-            for entry in it:
-                if entry.name.endswith(".jsonl") or entry.name == "run.json":
-                    try:
-                        st = entry.stat()
-                    except OSError:
-                        continue
-                    out.append((entry.name, st.st_size, st.st_mtime_ns))
-    except OSError:
-        return ()
-    return tuple(sorted(out))
+    """Changes whenever a record is added: by bytes in use, since a version 2 segment keeps its size
+    (and its mtime, mostly) while records are written into it (docs/journal.md)."""
+    from starttrace.sources.journal_files import journal_signature
+
+    return journal_signature(run_dir, _USED.setdefault(str(run_dir), {}))
 
 
 class JournalWatcher:

@@ -27,6 +27,7 @@ from typing import Any
 
 from starttrace.run import Link, Process, Run, Span, gc_paused
 from starttrace.sources.batches import IngestBatch, ProcessBatch, SpanTuple
+from starttrace.sources.lazy_attrs import LazyAttrs
 from starttrace.sources.otlp import span_attrs
 
 SCHEMA = """
@@ -95,6 +96,13 @@ CREATE TABLE IF NOT EXISTS problems (
     message TEXT NOT NULL,
     PRIMARY KEY (run_id, message)
 );
+CREATE TABLE IF NOT EXISTS views (
+    run_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    version INTEGER NOT NULL,  -- runs.version it was rendered from
+    body BLOB NOT NULL,
+    PRIMARY KEY (run_id, kind)
+);
 """
 
 def decode_attrs(value: str | bytes | None) -> dict[str, Any]:
@@ -105,6 +113,15 @@ def decode_attrs(value: str | bytes | None) -> dict[str, Any]:
     if isinstance(value, str):
         return dict(json.loads(value))
     return span_attrs(bytes(value))
+
+
+def lazy_attrs(value: str | bytes | None) -> dict[str, Any]:
+    """`decode_attrs`, done on first use (`sources.lazy_attrs`): loading a run decodes nothing."""
+    if not value:
+        return {}
+    if isinstance(value, str):
+        return LazyAttrs(value, decode_attrs)
+    return LazyAttrs(value if isinstance(value, bytes) else bytes(value), span_attrs)
 
 
 @dataclass
@@ -161,13 +178,14 @@ SPAN_UPSERT = _SPAN_INSERT_HEAD + _ROW_PLACEHOLDERS + _SPAN_CONFLICT
 SPAN_CHUNK_ROWS = 1024
 
 
-# SPAN_COLUMNS of one run's spans
-_SPAN_SELECT = (
-    "SELECT t.trace_id, s.span_id, l.lane_id, s.parent_id, s.name, s.start_ns, s.end_ns, s.in_progress,"
-    " s.instant, s.attrs, s.error, s.thread FROM lanes l JOIN spans s ON s.lane = l.id"
-    " JOIN traces t ON t.id = s.trace WHERE l.run_id = ? ORDER BY s.start_ns"
+# SPAN_COLUMNS of one lane's spans, in arrival order (through the lane index: no sort; the run
+# type sorts each process's spans by start)
+_LANE_SPANS = (
+    "SELECT t.trace_id, s.span_id, ?, s.parent_id, s.name, s.start_ns, s.end_ns, s.in_progress,"
+    " s.instant, s.attrs, s.error, s.thread FROM spans s JOIN traces t ON t.id = s.trace WHERE s.lane = ?"
 )
 _RUN_LANES = "SELECT id FROM lanes WHERE run_id = ?"
+_RUN_LANE_IDS = "SELECT id, lane_id FROM lanes WHERE run_id = ?"
 
 
 class SchemaError(RuntimeError):
@@ -204,12 +222,15 @@ class Store:
         path: Path | str,
         queue_max_spans: int = 400_000,
         on_stored: Callable[[str, int], None] | None = None,
+        on_runs_written: Callable[[list[str]], None] | None = None,
     ) -> None:
         self.path = str(path)
         if self.path != ":memory:":
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self.queue_max_spans = queue_max_spans
         self.on_stored = on_stored
+        self._iid_owners: dict[tuple[str, str], tuple[str, int | None]] = {}  # see _instance_lane
+        self.on_runs_written = on_runs_written  # after each committed write, with the run ids it touched
         self._queue: queue.Queue[IngestBatch | None] = queue.Queue()
         self._queued_spans = 0
         self._queued_lock = threading.Lock()
@@ -377,6 +398,7 @@ class Store:
             # each lane of the old run becomes (or, if the new run has it already, joins) the same
             # lane of the new run; lane ids are kept where possible (rows of this transaction use them)
             self._lane_ids.clear()
+            self._iid_owners.clear()
             conn.execute("UPDATE OR IGNORE lanes SET run_id = ? WHERE run_id = ?", (run_id, known))
             for old_id, lane_id, source in conn.execute(
                 "SELECT id, lane_id, source FROM lanes WHERE run_id = ?", (known,)
@@ -391,6 +413,7 @@ class Store:
             self._trace_runs[trace_id] = run_id
 
     def _write_batches(self, batches: list[IngestBatch]) -> None:
+        # Long by design: one SQLite transaction: everything inside it must commit or roll back together.
         conn = self._writer_conn
         now = time.time()
         stored: dict[str, int] = {}
@@ -443,6 +466,7 @@ class Store:
             except BaseException:
                 conn.execute("ROLLBACK")
                 self._lane_ids.clear()  # ids created by the rolled-back transaction
+                self._iid_owners.clear()
                 self._trace_ids.clear()
                 raise
             finally:
@@ -456,6 +480,8 @@ class Store:
         if self.on_stored is not None:
             for source, n in stored.items():
                 self.on_stored(source, n)
+        if self.on_runs_written is not None and touched:
+            self.on_runs_written(list(touched))
 
     def _upsert_spans(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
         n = self._chunk_rows
@@ -495,15 +521,36 @@ class Store:
             return proc.lane_id
         res = proc.resource
         iid = res.get("service.instance.id")
-        if iid not in (None, ""):
-            return str(iid)
         pid = _int_or_none(res.get("process.pid"))
+        if iid not in (None, ""):
+            return self._instance_lane(conn, run_id, str(iid), str(res.get("host.name") or ""), pid)
         if pid is not None:
             row = conn.execute(
                 "SELECT lane_id FROM processes WHERE run_id = ? AND pid = ? LIMIT 1", (run_id, pid)
             ).fetchone()
             return str(row[0]) if row else f"pid:{pid}"
         return "service:" + str(res.get("service.name") or "unknown")
+
+    def _instance_lane(self, conn: sqlite3.Connection, run_id: str, iid: str, host: str, pid: int | None) -> str:
+        """The lane of a process is (`service.instance.id`, host, pid): the OpenTelemetry SDK draws
+        one instance id per interpreter and fork children inherit it (gunicorn or Celery prefork
+        workers), so the first process seen with an instance id keeps it as its lane id and every
+        other process with the same instance id gets `iid/host/pid`."""
+        key = (run_id, iid)
+        owner = self._iid_owners.get(key)
+        if owner is None:
+            row = conn.execute(
+                "SELECT pid, resource FROM processes WHERE run_id = ? AND lane_id = ?", (run_id, iid)
+            ).fetchone()
+            if row is None:
+                owner = (host, pid)
+            else:
+                stored = json.loads(row[1]) if row[1] else {}
+                owner = (str(stored.get("host.name") or ""), _int_or_none(row[0]))
+            self._iid_owners[key] = owner
+        if owner == (host, pid) or pid is None or owner[1] is None:
+            return iid
+        return f"{iid}/{host}/{pid}"
 
     def _write_process(
         self,
@@ -513,6 +560,8 @@ class Store:
         stored: dict[str, int],
         pending: list[tuple[Any, ...]],
     ) -> None:
+        # Long by design: one process's rows inside the writer's transaction; the long part is one SQL upsert statement
+        # and its parameters.
         res = proc.resource
         # group the spans by run: the resource's run id, else the run that owns the trace id
         by_run: dict[str, list[SpanTuple]] = {}
@@ -679,7 +728,9 @@ class Store:
             names = [c.strip() for c in cols.split(",")]
             rows = conn.execute(f"SELECT {cols} FROM processes WHERE run_id = ?", (run_id,))
             procs = [dict(zip(names, r, strict=True)) for r in rows]
-            spans = conn.execute(_SPAN_SELECT, (run_id,)).fetchall()
+            spans: list[tuple[Any, ...]] = []
+            for lane_ref, lane_id in conn.execute(_RUN_LANE_IDS, (run_id,)).fetchall():
+                spans.extend(conn.execute(_LANE_SPANS, (lane_id, lane_ref)))
             problems = [str(r[0]) for r in conn.execute("SELECT message FROM problems WHERE run_id = ?", (run_id,))]
         finally:
             conn.execute("COMMIT")
@@ -698,6 +749,34 @@ class Store:
             processes=procs,
             spans=spans,
         )
+
+    def save_view(self, run_id: str, kind: str, version: int, body: bytes) -> bool:
+        """Keep a rendered view of the run (e.g. the page's first answer) for its `version`;
+        nothing is kept (False) when the run has changed meanwhile."""
+        with self.write_lock:
+            conn = self._writer_conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                cur = conn.execute(
+                    "INSERT INTO views(run_id, kind, version, body) SELECT ?, ?, ?, ?"
+                    " WHERE EXISTS (SELECT 1 FROM runs WHERE run_id = ? AND version = ?)"
+                    " ON CONFLICT(run_id, kind) DO UPDATE SET version = excluded.version, body = excluded.body",
+                    (run_id, kind, version, body, run_id, version),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        return cur.rowcount > 0
+
+    def load_view(self, run_id: str, kind: str) -> tuple[int, bytes] | None:
+        """(version, body) of a kept view; compare the version with `run_version`."""
+        row = (
+            self._reader()
+            .execute("SELECT version, body FROM views WHERE run_id = ? AND kind = ?", (run_id, kind))
+            .fetchone()
+        )
+        return None if row is None else (int(row[0]), bytes(row[1]))
 
     def count_spans(self, run_id: str | None = None) -> int:
         if run_id is None:
@@ -723,6 +802,7 @@ class Store:
                     conn.execute("DELETE FROM lanes WHERE run_id = ?", (rid,))
                     conn.execute("DELETE FROM processes WHERE run_id = ?", (rid,))
                     conn.execute("DELETE FROM problems WHERE run_id = ?", (rid,))
+                    conn.execute("DELETE FROM views WHERE run_id = ?", (rid,))
                     conn.execute("DELETE FROM runs WHERE run_id = ?", (rid,))
                 conn.execute("COMMIT")
             except BaseException:
@@ -730,6 +810,7 @@ class Store:
                 raise
             finally:
                 self._lane_ids.clear()
+                self._iid_owners.clear()
         self._unchecked_spans += len(ids)
         for rid in ids:
             self._versions.pop(rid, None)
@@ -756,8 +837,10 @@ def run_from_rows(rows: RunRows) -> Run:
     the run) are kept apart, as the journal reader does; a `starttrace.launched_by` attribute is
     also a link."""
     by_lane: dict[str, list[Span]] = {}
+    marker, text_marker = b"starttrace.launched_by", '"starttrace.launched_by"'
     for r in rows.spans:
-        attrs = decode_attrs(r[9])
+        raw = r[9]
+        attrs = lazy_attrs(raw)
         in_progress = bool(r[7])
         span = Span(
             span_id=r[1],
@@ -771,9 +854,10 @@ def run_from_rows(rows: RunRows) -> Run:
             instant=bool(r[8]),
             in_progress=in_progress,
         )
-        launched_by = attrs.get("starttrace.launched_by")
-        if isinstance(launched_by, str) and launched_by:
-            span.links.append(Link(launched_by, attrs={"starttrace.link": "launched_by"}))
+        if raw and (marker in raw if isinstance(raw, bytes) else text_marker in raw):  # no lookup for most spans
+            launched_by = attrs.get("starttrace.launched_by")
+            if isinstance(launched_by, str) and launched_by:
+                span.links.append(Link(launched_by, attrs={"starttrace.link": "launched_by"}))
         by_lane.setdefault(r[2], []).append(span)
     ids = {s.span_id for spans in by_lane.values() for s in spans}
     processes: list[Process] = []

@@ -1,5 +1,5 @@
-"""Concurrency: many processes appending to one journal file, and many threads importing at once
-in one traced process."""
+"""Concurrency: many writers (threads) recording into one journal at once, and many threads importing
+at once in one traced process."""
 
 from __future__ import annotations
 
@@ -11,56 +11,60 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from starttrace.sources.journal_files import journal_files, journal_lines
 from starttrace.sources.journal_reader import read_run
 
 WRITERS = 16
 LINES_PER_WRITER = 400
 
+# One process, 16 writer threads, one journal with small segments: the threads race for room in
+# a segment and for opening the next one. (Processes never share a journal: each has its own.)
 WRITER = textwrap.dedent(
     """
-    import os, random, sys, time
+    import random, sys, threading
     from starttrace.journal import JournalWriter, encode
 
-    path, writer_id, count, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-    rng = random.Random(writer_id)
-    journal = JournalWriter(path)
-    while time.time() < go:  # all writers start together
-        time.sleep(0.001)
-    for i in range(count):
-        size = rng.randint(10, 4000)
-        head = encode({"w": writer_id, "i": i, "pad": ""})
-        pad = ("é" if i % 3 == 0 else "x") * max(0, (size - len(head)) // 2)
-        line = encode({"w": writer_id, "i": i, "pad": pad}) + "\\n"
-        assert journal.write(line), journal.failed
+    base, writers, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    journal = JournalWriter(base, first_size=64 * 1024)
+    go = threading.Barrier(writers)
+    sys.setswitchinterval(1e-5)  # switch threads as often as possible
+
+    def work(writer_id):
+        rng = random.Random(writer_id)
+        go.wait()  # all writers start together
+        for i in range(count):
+            size = rng.randint(10, 4000)
+            head = encode({"w": writer_id, "i": i, "pad": ""})
+            pad = ("é" if i % 3 == 0 else "x") * max(0, (size - len(head)) // 2)
+            line = encode({"w": writer_id, "i": i, "pad": pad}) + "\\n"
+            assert journal.write(line), journal.failed
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     journal.close()
+    print(journal.number + 1)
     """
 )
 
 
-def test_processes_append_whole_lines_to_one_file(
+def test_writers_append_whole_lines_to_one_journal(
     venv_python: str, tmp_path: Path, clean_env: Callable[..., dict[str, str]]
 ) -> None:
-    import time
-
-    path = tmp_path / "shared.jsonl"
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
-    go = time.time() + 1.5
-    procs = [
-        subprocess.Popen(
-            [venv_python, str(script), str(path), str(w), str(LINES_PER_WRITER), str(go)],
-            env=clean_env(),
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for w in range(WRITERS)
-    ]
-    for proc in procs:
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
-    data = path.read_bytes()
-    assert data.endswith(b"\n")
-    lines = data.split(b"\n")[:-1]
+    proc = subprocess.run(
+        [venv_python, str(script), str(tmp_path / "shared"), str(WRITERS), str(LINES_PER_WRITER)],
+        env=clean_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) >= 6, "the writers filled many segments"
+    (journal,) = journal_files(tmp_path)
+    raw_lines = journal_lines(journal)
+    assert raw_lines[-1] == b"", "the journal ends with a whole record"
+    lines = raw_lines[:-1]
     assert len(lines) == WRITERS * LINES_PER_WRITER
     sizes = [len(line) + 1 for line in lines]
     assert min(sizes) >= 10 and max(sizes) <= 4100

@@ -208,20 +208,30 @@ def test_read_only_journal_dir_program_runs_with_one_warning(read_only_dir: Path
 
 
 def test_full_disk_disables_the_journal_once_and_keeps_what_was_written(tmp_path: Path) -> None:
-    # RLIMIT_FSIZE makes writes past the limit fail like a full disk (EFBIG, short writes).
+    # RLIMIT_FSIZE makes growing a file past the limit fail like a full disk (EFBIG): the journal's
+    # first segment is allocated already, the next one cannot be, once the imports have filled it.
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    for i in range(1500):
+        (mods / f"filler_module_with_a_rather_long_name_{i:04d}.py").write_text("X = 1\n")
     program = textwrap.dedent(
         """
-        import glob, os, resource, signal
+        import os, resource, signal, sys
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        (journal,) = glob.glob(os.path.join(os.environ["STARTTRACE_RUN_DIR"], f"{os.getpid()}-*.jsonl"))
-        limit = os.path.getsize(journal) + 3000
+        limit = 64 * 1024
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        for i in range(1500):
+            __import__(f"filler_module_with_a_rather_long_name_{i:04d}")
         import email.parser, http.client, xml.dom.minidom, asyncio, decimal, fractions, statistics
         print("done", limit)
         """
     )
     done = subprocess.run(
-        [sys.executable, "-c", program], env=traced_env(tmp_path / "runs"), capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", program],
+        env=traced_env(tmp_path / "runs", PYTHONPATH=str(mods), PYTHONDONTWRITEBYTECODE="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     limit = int(done.stdout.split()[1])
@@ -229,9 +239,14 @@ def test_full_disk_disables_the_journal_once_and_keeps_what_was_written(tmp_path
     assert len(warnings) == 1, done.stderr
     run = only_run(tmp_path / "runs")
     (process,) = run.processes
-    assert process.journal_path.stat().st_size <= limit
+    # nothing was written past the limit: the segment that could not be allocated is not there
+    assert [p.name for p in process.journal_path.parent.iterdir() if p.name != "run.json"] == [
+        process.journal_path.name
+    ]
+    assert process.journal_path.stat().st_size <= max(limit, 256 * 1024)
     kept = [s for s in process.spans if s.attrs.get("starttrace.phase") == "import"]
-    assert kept, "records written before the disk filled are kept"
+    assert len(kept) > 100, "records written before the disk filled are kept"
+    assert any("cannot extend journal" in w for w in process.warnings), process.warnings
     assert all("line" in problem for problem in run.problems)  # at most a cut last line, reported
 
 

@@ -11,6 +11,8 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from starttrace.sources.journal_files import journal_files, journal_lines
+
 REPO = Path(__file__).resolve().parents[2]
 
 PROGRAM = textwrap.dedent(
@@ -87,8 +89,8 @@ def test_wheel_installs_pth_and_traces_spawn_children(
 
     run_dir = only_run_dir(root)
     records = {}
-    for journal in run_dir.glob("*.jsonl"):
-        first = json.loads(journal.read_text().splitlines()[0])
+    for journal in journal_files(run_dir):  # either journal version (docs/journal.md)
+        first = json.loads(journal_lines(journal)[0])
         records[first["pid"]] = first
     assert result["pid"] in records, "the spawn child wrote its own journal"
     methods = sorted(r["method"] for r in records.values())

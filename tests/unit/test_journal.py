@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from starttrace.journal import JournalWriter, encode, quote
+from starttrace.sources.journal_files import journal_files, journal_lines
 from starttrace.sources.journal_reader import EmptyRun, RunNotFound, find_run_dir, list_run_dirs, read_run
 
 NASTY = [
@@ -30,17 +31,20 @@ NASTY = [
 
 def _through_file(tmp_path: Path, value: object) -> object:
     """encode -> JournalWriter -> bytes on disk -> json.loads, as every reader does it."""
-    path = tmp_path / "values.jsonl"
-    path.unlink(missing_ok=True)
-    writer = JournalWriter(str(path))
+    for old in tmp_path.glob("values.*.journal"):
+        old.unlink()
+    writer = JournalWriter(str(tmp_path / "values"))
     try:
         assert writer.write(encode(value) + "\n") is True
     finally:
         writer.close()
-    data = path.read_bytes()
-    assert data.endswith(b"\n") and data.count(b"\n") == 1, "one record must be exactly one line"
-    data.decode("utf-8")  # valid UTF-8 on disk, whatever the string held
-    return json.loads(data)
+    (segment,) = journal_files(tmp_path)
+    lines = journal_lines(segment)
+    assert len(lines) == 2 and lines[1] == b"", "one record must be exactly one line"
+    data = segment.read_bytes()
+    assert data[: len(lines[0]) + 1] == lines[0] + b"\n" and not data[len(lines[0]) + 1 :].strip(b"\0")
+    lines[0].decode("utf-8")  # valid UTF-8 on disk, whatever the string held
+    return json.loads(lines[0])
 
 
 @pytest.mark.parametrize("text", NASTY)
@@ -95,30 +99,73 @@ def test_encode_round_trips_any_json_value(value: object) -> None:
     assert json.loads(line) == value
 
 
-def test_writer_on_a_full_disk_reports_and_never_raises() -> None:
-    if not os.path.exists("/dev/full"):
-        pytest.skip("/dev/full is a Linux device")
-    writer = JournalWriter("/dev/full")
-    assert writer.write('{"k":"b"}\n') is False
-    assert writer.failed is not None and "No space left" in writer.failed
-    assert "/dev/full" in writer.failed
+def test_writer_that_cannot_extend_reports_and_never_raises(tmp_path: Path) -> None:
+    # The journal's next segment cannot be created (its folder is gone, as with a full disk the
+    # allocation fails): the writer says why, once, and stays failed. tests/integration/
+    # test_journal_descriptors.py fills a real (tmpfs) disk.
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    writer = JournalWriter(str(folder / "1-0000abcd"), first_size=8192)
+    line = encode({"k": "b", "pad": "x" * 500}) + "\n"
+    for _ in range(13):  # 13 * ~520 bytes fit in 8192 - RESERVE
+        assert writer.write(line) is True
+    (segment,) = folder.iterdir()
+    segment.unlink()
+    folder.rmdir()
+    written = sum(writer.write(line) for _ in range(10))
+    assert written < 10
+    assert writer.failed is not None and "cannot extend journal" in writer.failed
+    assert "gone" in writer.failed and "No such file" in writer.failed
     # once failed, it stays failed, quietly
     assert writer.write('{"k":"e"}\n') is False
-    assert writer.fd == -1
+    assert writer.put is None
     writer.close()  # idempotent
+    writer.close()
+
+
+def test_writer_rotates_segments_and_records_stay_whole(tmp_path: Path) -> None:
+    writer = JournalWriter(str(tmp_path / "7-0000beef"), first_size=8192)
+    lines = [encode({"n": i, "pad": "y" * (i % 700)}) + "\n" for i in range(400)]
+    lines.append(encode({"n": 400, "pad": "z" * 40_000}) + "\n")  # larger than any segment so far
+    for line in lines:
+        assert writer.write(line)
+    writer.close()
+    segments = sorted(tmp_path.iterdir(), key=lambda p: int(p.name.split(".")[1]))
+    assert len(segments) >= 4 and segments[0].name == "7-0000beef.0.journal"
+    assert [p.stat().st_size for p in segments[:3]] == [8192, 16384, 32768]
+    (journal,) = journal_files(tmp_path)
+    got = journal_lines(journal)
+    assert got[-1] == b"" and [json.loads(raw)["n"] for raw in got[:-1]] == list(range(401))
 
 
 def test_writer_appends_whole_lines(tmp_path: Path) -> None:
-    path = tmp_path / "j.jsonl"
-    first = JournalWriter(str(path))
-    second = JournalWriter(str(path))  # two descriptors on one file, as after a fork
-    assert first.write(encode({"n": 1}) + "\n")
+    import threading
+
+    path = tmp_path / "j"
+    first = JournalWriter(str(path), first_size=16384)
+    second = JournalWriter(str(tmp_path / "k"))  # two journals of one process never share a file
+    go = threading.Barrier(8)
+
+    def work(w: int) -> None:
+        go.wait()
+        for i in range(200):
+            assert first.write(encode({"w": w, "i": i, "pad": "p" * (i * 7 % 300)}) + "\n")
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     assert second.write(encode({"n": 2}) + "\n")
-    assert first.write(encode({"n": 3}) + "\n")
     first.close()
     second.close()
-    assert [json.loads(line)["n"] for line in path.read_text().splitlines()] == [1, 2, 3]
-    assert oct(path.stat().st_mode & 0o777) == oct(0o644 & ~_umask())
+    records = [json.loads(raw) for raw in journal_lines(tmp_path / "j.0.journal")[:-1]]
+    assert len(records) == 8 * 200
+    for w in range(8):
+        assert [r["i"] for r in records if r["w"] == w] == list(range(200)), "each thread's records in order"
+    assert [json.loads(raw)["n"] for raw in journal_lines(tmp_path / "k.0.journal")[:-1]] == [2]
+    for segment in tmp_path.iterdir():
+        assert oct(segment.stat().st_mode & 0o777) == oct(0o644 & ~_umask())
 
 
 def _umask() -> int:
@@ -268,5 +315,44 @@ def test_traced_import_from_a_non_utf8_path_round_trips(
     assert run.problems == []
     (span,) = [s for s in run.processes[0].spans if s.name == "import weird_mod"]
     assert span.attrs["code.file.path"] == os.path.join(folder, "weird_mod.py")
-    for journal in run_dir.glob("*.jsonl"):
-        journal.read_bytes().decode("utf-8")  # the journal itself is valid UTF-8
+    journals = journal_files(run_dir)
+    assert journals
+    for journal in journals:
+        b"\n".join(journal_lines(journal)).decode("utf-8")  # the journal itself is valid UTF-8
+
+
+def test_writer_keeps_no_descriptor_and_its_mappings_outlive_it(tmp_path: Path) -> None:
+    """No descriptor of the journal stays open, and the mappings are never deallocated (before
+    Python 3.13 an mmap object closes the descriptor number it remembers when it goes away: by then
+    that number may be one of the program's own files)."""
+    import gc
+    import weakref
+
+    from starttrace import journal
+
+    def open_fds() -> set[int]:
+        return {int(n) for n in os.listdir("/proc/self/fd")}
+
+    before = open_fds()
+    maps: list[weakref.ref[object]] = []
+    real_map = journal._map
+
+    def spy(fd: int, length: int, offset: int) -> object:
+        mapping = real_map(fd, length, offset)
+        maps.append(weakref.ref(mapping))
+        return mapping
+
+    journal._map = spy  # type: ignore[assignment]
+    try:
+        writer = JournalWriter(str(tmp_path / "5-0000cafe"), first_size=8192)
+        for i in range(100):
+            assert writer.write(encode({"i": i, "pad": "m" * 300}) + "\n")
+    finally:
+        journal._map = real_map  # type: ignore[assignment]
+    assert len(maps) >= 3
+    assert open_fds() == before, "no descriptor stays open while the journal is written"
+    writer.close()
+    del writer
+    gc.collect()
+    assert all(ref() is not None for ref in maps), "mappings stay for the life of the process"
+    assert open_fds() == before

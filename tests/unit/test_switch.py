@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from starttrace.sources.journal_files import journal_files
 from starttrace.sources.journal_reader import read_run
 
 PROBE = "import sys; print('starttrace.boot' in sys.modules, 'starttrace' in sys.modules)"
@@ -35,7 +36,7 @@ def test_on_values_record_a_run(
     assert proc.stdout.split() == ["True", "True"]
     run_dir = only_run_dir(journal_root)
     assert (run_dir / "run.json").exists()
-    assert len(list(run_dir.glob("*.jsonl"))) == 1
+    assert len(journal_files(run_dir)) == 1
     assert f"starttrace: tracing run {run_dir.name}" in proc.stderr
 
 

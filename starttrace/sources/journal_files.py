@@ -1,0 +1,155 @@
+"""The journal files of a run (docs/journal.md) and the record lines in them, both versions.
+
+Version 1: one `<pid>-<instance>.jsonl` file per process, one JSON line per record.
+Version 2: one or more segments `<pid>-<instance>.<n>.journal` per process (n = 0, 1, ...); a
+segment holds whole records (JSON lines) followed by zero bytes up to its allocated size: the
+unused tail of a live segment, or of one its process left for the next. A process killed in the
+middle of a record leaves that record cut (its bytes up to some point, or a torn copy with zero
+bytes inside), always as the very last record of its journal.
+
+Readers here never write or lock anything; they read live journals as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+V1_SUFFIX = ".jsonl"
+V2_SUFFIX = ".journal"
+_SEGMENT = re.compile(r"(?P<journal>.+)\.(?P<n>\d+)\.journal")
+_CHUNK = 1 << 16
+
+
+def is_journal_file(name: str) -> bool:
+    """Is a file of this name (in a run folder) a journal file of either version?"""
+    return name.endswith(V1_SUFFIX) or _SEGMENT.fullmatch(name) is not None
+
+
+def _segment_key(path: Path) -> tuple[str, int] | None:
+    match = _SEGMENT.fullmatch(path.name)
+    return None if match is None else (match["journal"], int(match["n"]))
+
+
+def journal_files(run_dir: Path) -> list[Path]:
+    """One path per journal in `run_dir`, sorted by name: a version 1 file, or the first segment
+    of a version 2 journal (pass it to `journal_lines`, which reads all of its segments)."""
+    firsts: dict[str, Path] = {}
+    numbers: dict[str, int] = {}
+    paths: list[Path] = []
+    for path in Path(run_dir).iterdir():
+        if path.name.endswith(V1_SUFFIX):
+            paths.append(path)
+            continue
+        key = _segment_key(path)
+        if key is not None and (key[0] not in numbers or key[1] < numbers[key[0]]):
+            firsts[key[0]], numbers[key[0]] = path, key[1]
+    paths.extend(firsts.values())
+    return sorted(paths, key=lambda p: p.name)
+
+
+def all_journal_files(run_dir: Path) -> list[Path]:
+    """Every journal file in `run_dir` (each segment of a version 2 journal on its own)."""
+    return sorted((p for p in Path(run_dir).iterdir() if is_journal_file(p.name)), key=lambda p: p.name)
+
+
+def segments(journal: Path) -> list[Path]:
+    """The files of one journal in order: [journal] for version 1, its segments for version 2."""
+    key = _segment_key(journal)
+    if key is None:
+        return [journal]
+    found: list[tuple[int, Path]] = []
+    prefix = key[0] + "."
+    for path in journal.parent.iterdir():
+        name = path.name
+        if name.startswith(prefix):
+            other = _segment_key(path)
+            if other is not None and other[0] == key[0] and other[1] >= key[1]:
+                found.append((other[1], path))
+    return [path for _, path in sorted(found)] or [journal]
+
+
+def split_segment(data: bytes) -> tuple[bytes, bytes]:
+    """(whole records, cut record) of one version 2 segment's bytes: the records are everything up
+    to the last newline; the cut record is what follows it up to the first zero byte (b"": none)."""
+    end = data.rfind(b"\n") + 1
+    stop = data.find(b"\0", end)
+    return data[:end], data[end : len(data) if stop < 0 else stop]
+
+
+def journal_lines(journal: Path) -> list[bytes]:
+    """The record lines of a journal (either version), as `data.split(b"\\n")` gives them for a
+    version 1 file: the last item is b"" when the journal ends with a whole record, else the cut
+    last record. Zero-byte tails of version 2 segments are not lines. Raises OSError."""
+    parts = segments(journal)
+    if len(parts) == 1 and _segment_key(parts[0]) is None:
+        return parts[0].read_bytes().split(b"\n")
+    lines: list[bytes] = []
+    fragment = b""
+    for path in parts:
+        if fragment:  # a cut record followed by another segment: a line of its own (malformed)
+            lines.append(fragment)
+        records, fragment = split_segment(path.read_bytes())
+        if records:
+            lines.extend(records.split(b"\n")[:-1])
+    lines.append(fragment)
+    return lines
+
+
+def used_bytes(path: Path, known: int = 0) -> int:
+    """The bytes of a journal file that hold whole records: the size of a version 1 file, the end
+    of the last whole record in a version 2 segment (whose size is fixed when it is created, and
+    whose mtime the kernel updates only now and then for writes through a mapping).
+
+    `known`, a value this returned before for the same file, makes it cheap: only the bytes
+    after it are read (segments only grow). Raises OSError."""
+    if _segment_key(path) is None:
+        return os.stat(path).st_size
+    with open(path, "rb", buffering=0) as handle:
+        end = 0
+        if known > 0:
+            handle.seek(known - 1)
+            probe = handle.read(2)
+            if probe[:1] == b"\n":
+                if probe[1:] in (b"\0", b""):
+                    return known  # the byte after the last record is still unused: nothing new
+                end = known
+        offset = end
+        handle.seek(offset)
+        while True:
+            chunk = handle.read(_CHUNK)
+            if not chunk:
+                return end
+            stop = chunk.find(b"\0")
+            piece = chunk if stop < 0 else chunk[:stop]
+            newline = piece.rfind(b"\n")
+            if newline >= 0:
+                end = offset + newline + 1
+            if stop >= 0:
+                return end
+            offset += len(chunk)
+
+
+def journal_signature(run_dir: Path, known: dict[str, int] | None = None) -> tuple[tuple[str, int, int], ...]:
+    """(name, bytes in use, mtime ns) of run.json and every journal file in `run_dir`, sorted: it
+    changes whenever a record is added, also to a version 2 segment (whose size and mtime may not
+    change). `known` (name -> bytes in use) is read and updated, so that a poll reads only new bytes."""
+    known = {} if known is None else known
+    out = []
+    try:
+        with os.scandir(run_dir) as entries:
+            for entry in entries:
+                name = entry.name
+                if name != "run.json" and not is_journal_file(name):
+                    continue
+                try:
+                    stat = entry.stat()
+                    used = stat.st_size if name == "run.json" else used_bytes(Path(entry.path), known.get(name, 0))
+                except OSError:
+                    continue
+                known[name] = used
+                out.append((name, used, stat.st_mtime_ns))
+    except OSError:
+        return ()
+    return tuple(sorted(out))

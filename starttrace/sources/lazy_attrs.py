@@ -1,0 +1,226 @@
+"""Span attributes decoded on first use.
+
+The store keeps each span's attributes as it received them: the span's raw OTLP protobuf bytes,
+or JSON object text (journals). Building the waterfall model reads only a few scalar attributes
+of each span (`starttrace.phase`, the import module, its self time), and the page's first answer
+shows only part of the spans: decoding every attribute list of a 100k-span run would cost more
+than the rest of the build.
+
+`LazyAttrs` is a dict that decodes its content on first use. `get(key)` of one key answers
+without decoding the whole list when it can: a key whose bytes are not in the data is absent; a
+key that occurs once, with a string, bool, int or double value, is read where it stands (protobuf:
+`KeyValue{key=1, value=2: AnyValue{string=1 | bool=2 | int=3 | double=4}}`). Everything else
+(a repeated key, arrays, maps, an entry that is not the span's own, e.g. an event's, any other
+method) decodes the whole list first, so the dict always answers what the decoded list says (a
+repeated key: the last value wins, as in `span_attrs`).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_MISSING = object()
+_ATTR_TAG = b"J"  # Span.attributes: field 9, length-delimited
+_UNKNOWN = object()
+_KEY_PATTERNS: dict[str, bytes] = {}
+_JSON_KEYS: dict[str, str] = {}
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _pattern(key: str) -> bytes:
+    """The bytes of `KeyValue.key = key` followed by the tag of `KeyValue.value`."""
+    pattern = _KEY_PATTERNS.get(key)
+    if pattern is None:
+        raw = key.encode()
+        pattern = _KEY_PATTERNS[key] = b"\n" + _varint(len(raw)) + raw + b"\x12"
+    return pattern
+
+
+def peek_protobuf(raw: bytes, key: str) -> Any:
+    """The scalar value of attribute `key` in a span's protobuf bytes, `_MISSING` when the key is
+    not there, `_UNKNOWN` when it cannot be read in place (then decode the whole list)."""
+    pattern = _pattern(key)
+    at = raw.find(pattern)
+    if at < 0:
+        return _MISSING
+    if raw.find(pattern, at + 1) >= 0:
+        return _UNKNOWN  # repeated: the last one wins, decode
+    try:
+        pos = at + len(pattern)
+        size, pos = _read_varint(raw, pos)
+        end = pos + size
+        if size == 0 or end > len(raw):
+            return _UNKNOWN
+        # a top-level `Span.attributes` entry (field 9), not one of an event's or a link's
+        head = _ATTR_TAG + _varint(end - at)
+        if at < len(head) or raw[at - len(head) : at] != head:
+            return _UNKNOWN
+        tag = raw[pos]
+        pos += 1
+        if tag == 0x0A:  # string_value
+            length, pos = _read_varint(raw, pos)
+            if pos + length != end:
+                return _UNKNOWN
+            return raw[pos:end].decode("utf-8")
+        if tag in (0x10, 0x18):  # bool_value, int_value
+            value, pos = _read_varint(raw, pos)
+            if pos != end:
+                return _UNKNOWN
+            if tag == 0x10:
+                return bool(value)
+            return value - (1 << 64) if value >= 1 << 63 else value
+        if tag == 0x21 and end - pos == 8:  # double_value
+            return struct.unpack_from("<d", raw, pos)[0]
+    except (IndexError, ValueError, UnicodeDecodeError):
+        pass
+    return _UNKNOWN
+
+
+def peek_json(text: str, key: str) -> Any:
+    quoted = _JSON_KEYS.get(key)
+    if quoted is None:
+        quoted = _JSON_KEYS[key] = json.dumps(key)
+    return _MISSING if quoted not in text else _UNKNOWN
+
+
+class LazyAttrs(dict):  # type: ignore[type-arg]
+    """A dict of span attributes, decoded from `raw` by `decode` on first use (see the module).
+
+    Every dict method decodes first, and so do `dict(attrs)` and `{**attrs}`. One C fast path does
+    not: `json.dumps` of a LazyAttrs nobody has read yet writes `{}` (the encoder checks the dict's
+    own size before it asks for items); dump `dict(attrs)`, as the views do with their own dicts."""
+
+    __slots__ = ("_decode", "_peeked", "_raw")
+
+    def __init__(self, raw: Any, decode: Callable[[Any], dict[str, Any]]) -> None:
+        super().__init__()
+        self._raw = raw
+        self._decode = decode
+        self._peeked: dict[str, Any] | None = {}  # key -> value read in place (or _MISSING); None: decoded
+
+    def _load(self) -> None:
+        raw = self._raw
+        if raw is not None:
+            self._raw = None
+            self._peeked = None
+            dict.update(self, self._decode(raw))
+
+    @property
+    def decoded(self) -> bool:
+        return self._raw is None
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        peeked = self._peeked
+        if peeked is None:
+            return dict.get(self, key, default)
+        value = peeked.get(key, _UNKNOWN)
+        if value is _UNKNOWN:
+            raw = self._raw
+            if not isinstance(key, str):
+                value = _UNKNOWN
+            elif isinstance(raw, bytes):
+                value = peek_protobuf(raw, key)
+            else:
+                value = peek_json(raw, key)
+            if value is _UNKNOWN:
+                self._load()
+                return dict.get(self, key, default)
+            peeked[key] = value
+        return default if value is _MISSING else value
+
+    def __getitem__(self, key: Any) -> Any:
+        self._load()
+        return dict.__getitem__(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        if self._raw is not None and isinstance(key, str) and self.get(key, _MISSING) is _MISSING:
+            return False
+        self._load()
+        return dict.__contains__(self, key)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._load()
+        return dict.__iter__(self)
+
+    def __len__(self) -> int:
+        self._load()
+        return dict.__len__(self)
+
+    def __bool__(self) -> bool:
+        return len(self) > 0
+
+    def __eq__(self, other: object) -> bool:
+        self._load()
+        if isinstance(other, LazyAttrs):
+            other._load()
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        self._load()
+        return dict.__repr__(self)
+
+    def __reduce__(self) -> Any:  # copies and pickles are plain dicts
+        self._load()
+        return (dict, (dict(dict.items(self)),))
+
+    def __or__(self, other: Any) -> Any:
+        self._load()
+        return dict(dict.items(self)) | other
+
+    def __ror__(self, other: Any) -> Any:
+        self._load()
+        return other | dict(dict.items(self))
+
+    def copy(self) -> dict[str, Any]:
+        self._load()
+        return dict(dict.items(self))
+
+
+def _loading(name: str) -> Callable[..., Any]:
+    method = getattr(dict, name)
+
+    def wrapper(self: LazyAttrs, *args: Any, **kwargs: Any) -> Any:
+        self._load()
+        return method(self, *args, **kwargs)
+
+    wrapper.__name__ = name
+    return wrapper
+
+
+for _name in (
+    "keys", "items", "values", "__setitem__", "__delitem__", "pop", "popitem", "setdefault",
+    "update", "clear", "__ior__", "__reversed__",
+):  # fmt: skip
+    setattr(LazyAttrs, _name, _loading(_name))

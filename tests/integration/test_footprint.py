@@ -1,0 +1,108 @@
+"""Zero footprint: activation leaves no module in sys.modules that the traced program could import
+later, other than starttrace's own, so the program's own imports are recorded as `-X importtime`
+prints them untraced. What activation had to load for itself (atexit, mmap, __future__ from a
+probe) it removes again and names in the process record (docs/journal.md, "footprint")."""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from starttrace.sources.journal_reader import read_run
+
+IMPORTTIME_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|\s*(\S+)\s*$")
+
+
+def _modules_at_start(venv_python: str, env: dict[str, str]) -> set[str]:
+    program = "import sys; print(sorted(sys.modules))"
+    done = subprocess.run([venv_python, "-c", program], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return set(ast.literal_eval(done.stdout))
+
+
+def test_activation_adds_no_module_but_its_own(
+    venv_python: str, traced_env: dict[str, str], clean_env: Callable[..., dict[str, str]]
+) -> None:
+    untraced = _modules_at_start(venv_python, clean_env())
+    traced = _modules_at_start(venv_python, traced_env)
+    assert "starttrace.boot" in traced
+    assert {m for m in traced - untraced if m != "starttrace" and not m.startswith("starttrace.")} == set()
+    assert untraced - traced == set()
+    for name in ("__future__", "atexit", "mmap", "typing", "json", "threading"):
+        assert name not in traced
+
+
+PROGRAM = """
+import sys
+sys.path.insert(0, {mods!r})
+import uses_future, uses_atexit, uses_mmap
+print("ok", uses_atexit.registered, uses_mmap.size)
+"""
+
+
+def _program_modules(tmp_path: Path) -> Path:
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "uses_future.py").write_text("from __future__ import annotations\n\ndef f(x: Undefined) -> None: ...\n")
+    (mods / "uses_atexit.py").write_text(
+        "import atexit\nregistered = True\natexit.register(lambda: print('program atexit ran'))\n"
+    )
+    (mods / "uses_mmap.py").write_text("import mmap\nsize = len(mmap.mmap(-1, 4096))\n")
+    return mods
+
+
+def test_imports_match_importtime_of_the_untraced_program(
+    venv_python: str, tmp_path: Path, traced_env: dict[str, str], journal_root: Path,
+    clean_env: Callable[..., dict[str, str]], only_run_dir: Callable[[Path], Path],
+) -> None:  # fmt: skip
+    """Ground truth: the modules `python -X importtime` prints for the untraced program are the
+    modules the traced run records, `__future__`, `atexit` and `mmap` included."""
+    program = PROGRAM.format(mods=str(_program_modules(tmp_path)))
+    untraced = subprocess.run(
+        [venv_python, "-X", "importtime", "-c", program], env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+    assert untraced.returncode == 0, untraced.stderr
+    at_start = _modules_at_start(venv_python, clean_env())
+    truth = {m.group(3) for line in untraced.stderr.splitlines() if (m := IMPORTTIME_LINE.match(line))}
+    truth = {m for m in truth - at_start if "customize" not in m}  # site's own (sitecustomize), traced or not
+    assert {"__future__", "atexit", "mmap", "uses_future", "uses_atexit", "uses_mmap"} <= truth
+
+    traced = subprocess.run([venv_python, "-c", program], env=traced_env, capture_output=True, text=True, timeout=60)
+    assert traced.returncode == 0, traced.stderr
+    assert traced.stdout == untraced.stdout == "ok True 4096\nprogram atexit ran\n"
+    run = read_run(only_run_dir(journal_root))
+    assert run.problems == []
+    (process,) = run.processes
+    recorded = {
+        s.attrs["starttrace.import.module"]
+        for s in process.spans
+        if s.attrs.get("starttrace.phase") == "import" and "customize" not in s.name  # site's own tries
+    }
+    assert recorded == truth
+    assert process.exited, "starttrace's own exit hook still ran (atexit hidden, not gone)"
+
+
+def test_process_record_names_the_footprint_and_credits_the_first_importer(
+    venv_python: str, tmp_path: Path, traced_env: dict[str, str], journal_root: Path,
+    only_run_dir: Callable[[Path], Path],
+) -> None:  # fmt: skip
+    program = PROGRAM.format(mods=str(_program_modules(tmp_path)))
+    done = subprocess.run([venv_python, "-c", program], env=traced_env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    (process,) = read_run(only_run_dir(journal_root)).processes
+    footprint = process.record["footprint"]
+    assert set(footprint) == {"atexit", "mmap", "__future__"} or set(footprint) == {"atexit", "mmap"}
+    assert isinstance(footprint["mmap"], int) and footprint["mmap"] > 0
+    assert isinstance(footprint["atexit"], int) and footprint["atexit"] > 0
+    assert not set(footprint) & set(process.preloaded), "hidden again: not in sys.modules at activation"
+    imports = [s for s in process.spans if s.attrs.get("starttrace.phase") == "import"]
+    spans = {s.attrs["starttrace.import.module"]: s for s in imports}
+    # the program's first importer of mmap gets what starttrace's own load of its shared library cost
+    assert spans["mmap"].attrs["starttrace.import.footprint_ns"] == footprint["mmap"]
+    assert spans["mmap"].parent_id == spans["uses_mmap"].span_id
+    assert spans["atexit"].parent_id == spans["uses_atexit"].span_id
+    assert "starttrace.import.footprint_ns" not in spans["atexit"].attrs  # a builtin module costs the same again
+    assert spans["__future__"].parent_id == spans["uses_future"].span_id
