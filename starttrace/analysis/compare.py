@@ -6,7 +6,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from starttrace.analysis.model import RunModel
+from starttrace.analysis.findings.common import is_forkserver, preload_list
+from starttrace.analysis.findings.preload import covered_nodes
+from starttrace.analysis.model import Lane, RunModel
+from starttrace.analysis.nodes import compare_nodes, node_positions
 
 MAX_MODULES = 100
 
@@ -20,6 +23,8 @@ class Comparison:
     ranks: list[dict[str, Any]]
     modules: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    preload_checks: list[dict[str, Any]] = field(default_factory=list)
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # per node, runs of several hosts (analysis/nodes.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -30,6 +35,8 @@ class Comparison:
             "ranks": self.ranks,
             "modules": self.modules,
             "notes": self.notes,
+            "preload_checks": self.preload_checks,
+            "nodes": self.nodes,
         }
 
 
@@ -43,10 +50,16 @@ def _lane_keys(model: RunModel) -> dict[str, Any]:
     """Match lanes across runs by role + rank; lanes without a rank by role + order of start."""
     out: dict[str, Any] = {}
     counters: dict[str, int] = defaultdict(int)
+    nodes = node_positions(model)  # several hosts: a lane without a rank is matched on its node's position
     for lane in sorted(model.lanes, key=lambda ln: (ln.start, ln.index)):
         role = lane.role or "process"
+        if lane.rank is None and lane.node is not None:
+            role = f"node{nodes[lane.node]} {role}"
+        name = lane.resource.get("starttrace.process_name")
         if lane.rank is not None:
             key = f"{role} rank {lane.rank}"
+        elif role == "child" and isinstance(name, str) and name and f"{role} {name}" not in out:
+            key = f"{role} {name}"  # a generic child by its Process name (`rank-0`)
         else:
             key = f"{role} #{counters[role]}"
             counters[role] += 1
@@ -70,6 +83,8 @@ def compare(a: RunModel, b: RunModel) -> Comparison:
         ranks=_ranks(a, b),
         modules=_modules(a, b)[:MAX_MODULES],
         notes=notes,
+        preload_checks=preload_checks(a, b),
+        nodes=compare_nodes(a, b),
     )
 
 
@@ -170,3 +185,69 @@ def _modules(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
         )
     modules.sort(key=lambda d: (-abs(d["delta"]), d["module"]))
     return modules
+
+
+def preload_checks(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
+    """For each `preload` finding of A: did B apply it (its forkservers preload the modules), and
+    per rank the predicted saving (A's measured re-import seconds) against the realised one
+    (A's import seconds minus B's, same rank); on time to ready, A's estimate against B - A."""
+    held = set()
+    for lane in b.lanes:
+        if is_forkserver(lane):
+            held.update(preload_list(lane))
+    out = []
+    for f in a.findings:
+        if f["kind"] != "preload" or not f["modules"]:
+            continue
+        modules = list(f["modules"])
+        ranks = _check_ranks(a, b, f["per_rank"], set(modules))
+        missing = [m for m in modules if m not in held]
+        notes = []
+        if missing:
+            notes.append(
+                f"B's forkservers do not preload {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}"
+            )
+        still = [r for r in ranks if r["still_imported_s"]]
+        if still:
+            notes.append(
+                "in B, " + ", ".join(f"{r['key']} still imported {r['still_imported_s']:.3f} s of them" for r in still)
+            )
+        out.append(
+            {
+                "start_method": f["start_method"],
+                "modules": modules,
+                "applied": not missing,
+                "ranks": ranks,
+                "time_to_ready": {
+                    "predicted_change_s": f["estimate"]["time_to_ready_s"],
+                    "realised_change_s": round(b.startup_s - a.startup_s, 6),
+                    "label": "estimate",
+                    "basis": f["estimate"]["basis"],
+                },
+                "notes": notes,
+            }
+        )
+    return out
+
+
+def _check_ranks(a: RunModel, b: RunModel, per_rank: list[dict[str, Any]], modules: set[str]) -> list[dict[str, Any]]:
+    """Per rank of a preload finding of A: predicted, realised, and what B still imported of it."""
+    ka, kb = _lane_keys(a), _lane_keys(b)
+    key_of = {lane.index: key for key, lane in ka.items()}
+    out = []
+    for r in per_rank:
+        key = key_of.get(r["lane"], "")
+        la: Lane = a.lanes[r["lane"]]
+        lb = kb.get(key)
+        left = None if lb is None else sum(n.duration for n in covered_nodes(lb, modules)) / 1e9
+        out.append(
+            {
+                "key": key,
+                "pid_a": la.pid,
+                "pid_b": lb.pid if lb is not None else None,
+                "predicted_s": r["seconds"],
+                "realised_s": None if lb is None else round((la.import_ns - lb.import_ns) / 1e9, 6),
+                "still_imported_s": None if left is None else round(left, 6),
+            }
+        )
+    return out

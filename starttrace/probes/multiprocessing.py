@@ -6,6 +6,16 @@
   forkserver process `forkserver.preload` with one `preload <module>` span per module.
 - `process.bootstrap` in the child ends when the target starts (`BaseProcess.run`).
 The `os.fork` wrapper that records `process.fork` lives in boot.py (it covers every fork).
+
+Opt-in: `STARTTRACE_FORKSERVER_PRELOAD=mod,mod` (or `starttrace run --preload mod,mod`) adds those
+modules to the preload list of every forkserver the traced tree starts (`ForkServer.ensure_running`
+extends its `_preload_modules`, whoever called `set_forkserver_preload`). The root says so once on
+stderr and records it as the process attribute `starttrace.forkserver_preload_extra`; the spans
+`forkserver.start` and `forkserver.preload` list what was added (`starttrace.preload_added`).
+
+A generic multiprocessing child is role `child`, with its Process name and target
+(`starttrace.process_name`, `starttrace.process_target`); children that serve the library
+(concurrent.futures and multiprocessing.pool workers, torch compile workers) are `helper`.
 """
 
 from __future__ import annotations
@@ -22,11 +32,55 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+ENV_PRELOAD = "STARTTRACE_FORKSERVER_PRELOAD"
+HELPER_TARGETS = ("concurrent.futures", "multiprocessing.", "torch._inductor", "torch.utils.data", "triton")
+_extra_preload: list[str] = []
+
+
 def install() -> None:
+    _read_extra_preload()
     recorder.when_imported("multiprocessing.process", _patch_process)
     recorder.when_imported("multiprocessing.forkserver", _patch_forkserver)
     recorder.when_imported("multiprocessing.resource_tracker", _patch_resource_tracker)
     recorder.when_imported("subprocess", _patch_subprocess)
+
+
+def _read_extra_preload() -> None:
+    """STARTTRACE_FORKSERVER_PRELOAD: dotted module names separated by commas."""
+    raw = os.environ.get(ENV_PRELOAD, "")
+    if not raw.strip():
+        return
+    names: list[str] = []
+    bad: list[str] = []
+    for part in raw.split(","):
+        name = part.strip()
+        if not name:
+            continue
+        if all(piece.isidentifier() for piece in name.split(".")):
+            if name not in names:
+                names.append(name)
+        else:
+            bad.append(name)
+    _extra_preload[:] = names
+    if not boot.state.is_root:
+        return
+    if bad:
+        recorder.report(f"{ENV_PRELOAD}: ignoring {', '.join(map(repr, bad))}: not module names")
+    if names:
+        recorder.set_process_attrs({"starttrace.forkserver_preload_extra": list(names)})
+        message = f"starttrace: {ENV_PRELOAD}: every forkserver of this run also preloads {', '.join(names)}\n"
+        os.write(2, message.encode("utf-8", "replace"))
+
+
+def _add_extra_preload(server: Any) -> list[str]:
+    """Extend a ForkServer's preload list with the opt-in modules; returns those it added."""
+    if not _extra_preload:
+        return []
+    current = [str(m) for m in (getattr(server, "_preload_modules", None) or [])]
+    added = [m for m in _extra_preload if m not in current]
+    if added:
+        server._preload_modules = current + added
+    return added
 
 
 def launch_variables(span_id: str, method: str) -> dict[str, str]:
@@ -132,11 +186,24 @@ def _default_method() -> str:
         return ""
 
 
+def _target_name(process: Any) -> tuple[str, str]:
+    """(module, qualified name) of a Process's target, '' when it has none."""
+    target = getattr(process, "_target", None)
+    if target is None:
+        return "", ""
+    function = getattr(target, "__func__", target)
+    return str(getattr(function, "__module__", "") or ""), str(getattr(function, "__qualname__", "") or "")
+
+
 def _enter_child(process: Any) -> None:
     name = str(getattr(process, "_name", ""))
+    module, qualname = _target_name(process)
     attrs: dict[str, Any] = {"starttrace.process_name": name}
+    if qualname:
+        attrs["starttrace.process_target"] = qualname
+        attrs["starttrace.process_target_module"] = module
     if not recorder.process_attrs.get("starttrace.role"):
-        attrs["starttrace.role"] = "helper"
+        attrs["starttrace.role"] = "helper" if module.startswith(HELPER_TARGETS) else "child"
     recorder.set_process_attrs(attrs)
     original_run = process.run
 
@@ -156,8 +223,11 @@ def _patch_forkserver(module: Any) -> None:
         def ensure_running(self: Any) -> None:
             if not recorder.active() or getattr(self, "_forkserver_pid", None) is not None:
                 return original_ensure(self)
+            added = _add_extra_preload(self)
             preload = [str(m) for m in (getattr(self, "_preload_modules", None) or [])]
             attrs: dict[str, Any] = {"starttrace.phase": "forkserver", "starttrace.preload": preload}
+            if added:
+                attrs["starttrace.preload_added"] = added
             boot.flag_cuda_before_fork(attrs)
             _record_launch(
                 "forkserver.start",
@@ -205,6 +275,9 @@ def _patch_forkserver(module: Any) -> None:
 def _preload(forkserver: Any, modules: list[str], main_path: Any) -> None:
     """The forkserver's preload, as multiprocessing does it, with a span per module."""
     attrs: dict[str, Any] = {"starttrace.phase": "forkserver_preload", "starttrace.preload": modules}
+    added = [m for m in modules if m in _extra_preload]
+    if added:
+        attrs["starttrace.preload_added"] = added
     outer = recorder.begin("forkserver.preload", attrs)
     failed: list[str] = []
     try:

@@ -1,13 +1,30 @@
-"""Terminal views (rich) of the waterfall model: `starttrace report` and `starttrace compare`."""
+"""Terminal views (rich) of the waterfall model: `starttrace report`, `compare` and `advise`.
+
+They fit the console (its width: the terminal's, COLUMNS, 80 in a pipe): every table is sized to
+it before rich sees it, headers are never cut, and a module name that does not fit is abbreviated
+from the left at a component boundary, keeping its last components (`…openai.api_server`). The
+findings list shows names whole and wraps at spaces. `wide=True` (`--wide`) abbreviates nothing
+and lets tables be as wide as their content.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from starttrace.analysis.compare import Comparison
 from starttrace.analysis.model import STRUCTURAL_PHASES, RunModel
+from starttrace.analysis.nodes import node_rows
+
+ELLIPSIS = "…"
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+Cell = str | Callable[[int], str]  # fixed text, or text made to fit a width
 
 
 def _s(value: float | None) -> str:
@@ -18,172 +35,408 @@ def _signed(value: float | None) -> str:
     return "-" if value is None else f"{value:+.3f}"
 
 
-def _process_name(command: str | None) -> str | None:
-    """A short name for a process: the script or module it runs."""
-    if not command:
-        return None
-    parts = command.split()
-    for i, part in enumerate(parts):
-        if part == "-m" and i + 1 < len(parts):
-            return parts[i + 1][:28]
-        if part == "-c":
-            return parts[0].rsplit("/", 1)[-1][:24] + " -c"
-    for part in parts[1:]:
-        if not part.startswith("-"):
-            return part.rsplit("/", 1)[-1][:28]
-    return parts[0].rsplit("/", 1)[-1][:28]
+def abbreviate(name: str, width: int) -> str:
+    """`name` in at most `width` characters: whole if it fits, else `…` and as many of its last
+    dotted components as fit (a single component too long for the width keeps its end)."""
+    if len(name) <= width:
+        return name
+    if width <= 1:
+        return ELLIPSIS[:width]
+    parts = name.split(".")
+    kept = parts[-1]
+    for part in reversed(parts[:-1]):
+        if len(part) + 1 + len(kept) + 1 > width:
+            break
+        kept = f"{part}.{kept}"
+    if len(kept) + 1 > width:
+        return ELLIPSIS + kept[-(width - 1) :]
+    return ELLIPSIS + kept
 
 
-def render_report(model: RunModel, console: Console) -> None:
+def _span_name(name: str) -> Callable[[int], str]:
+    """A span name fitted to a width: an import's module is abbreviated, other names cut at the end."""
+
+    def fit(width: int) -> str:
+        if name.startswith("import ") and len(name) > width:
+            return "import " + abbreviate(name[7:], width - 7)
+        if len(name) <= width:
+            return name
+        return abbreviate(name, width) if "." in name else name[: max(0, width - 1)] + ELLIPSIS
+
+    return fit
+
+
+def _module_with(module: str, suffix: str) -> Callable[[int], str]:
+    return lambda width: f"{abbreviate(module, width - len(suffix) - 1)} {suffix}"
+
+
+@dataclass
+class Col:
+    header: str
+    justify: str = "left"
+    flex: bool = False  # the column that gives way (its cells are fitted to the width left)
+    cells: list[Cell] = field(default_factory=list)
+
+    def natural(self) -> int:
+        widths = [len(c if isinstance(c, str) else c(10_000)) for c in self.cells]
+        return max([len(self.header), *widths])
+
+
+def _table(console: Console, title: str | None, cols: Sequence[Col], wide: bool = False) -> None:
+    """A table fitted to the console: fixed columns at their natural width (never below their
+    header), the flexible ones share what is left (at least their header)."""
+    widths = [c.natural() for c in cols]
+    overhead = 3 * len(cols) - 3
+    room = console.width
+    flex = [i for i, c in enumerate(cols) if c.flex]
+    if not wide and sum(widths) + overhead > room and flex:
+        fixed = sum(w for i, w in enumerate(widths) if i not in flex)
+        left = max(0, room - overhead - fixed)
+        for i in flex:
+            widths[i] = max(len(cols[i].header), min(widths[i], left // len(flex)))
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title_justify="left")
+    for c, w in zip(cols, widths, strict=True):
+        table.add_column(c.header, justify=c.justify, no_wrap=True, min_width=w, max_width=w, overflow="crop")  # type: ignore[arg-type]
+    for row in range(max((len(c.cells) for c in cols), default=0)):
+        values = []
+        for c, w in zip(cols, widths, strict=True):
+            cell = c.cells[row] if row < len(c.cells) else ""
+            values.append(Text(cell if isinstance(cell, str) else cell(w)))
+        table.add_row(*values)
+    total = sum(widths) + overhead
+    if wide:
+        console.print(table, width=max(console.width, total), crop=False)
+    else:
+        console.print(table)
+
+
+# --------------------------------------------------------------------------------------------
+# findings
+
+
+def render_findings(findings: list[dict[str, Any]], console: Console, title: str = "findings") -> None:
+    """Numbered findings, most severe first: `[severity] kind: text`, then `-> action`; names whole,
+    lines wrapped at spaces."""
+    if not findings:
+        console.print(Text(f"{title}: none", style="green"))
+        return
+    console.print(Text(title, style="bold"))
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True, justify="right")
+    grid.add_column(ratio=1, overflow="fold")
+    for i, f in enumerate(findings, 1):
+        line = Text()
+        line.append(f"[{f['severity']}] {f['kind']}: ", style=SEVERITY_STYLE.get(f["severity"], ""))
+        line.append(f["text"])
+        grid.add_row(f"{i}.", line)
+        if f.get("action"):
+            grid.add_row("", Text(f"-> {f['action']}", style="dim"))
+    console.print(grid)
+
+
+# --------------------------------------------------------------------------------------------
+# report
+
+
+def render_report(model: RunModel, console: Console, wide: bool = False) -> None:
+    """`starttrace report`: findings first, then processes, phases, open spans, imports, the path."""
+    _report_head(model, console)
+    render_findings(model.findings, console)
+    _nodes(model, console, wide)
+    _processes(model, console, wide)
+    _phases(model, console, wide)
+    _in_progress(model, console, wide)
+    _hotspots(model, console, wide)
+    _cuda_line(model, console)
+    _critical_path(model, console, wide)
+
+
+def _report_head(model: RunModel, console: Console) -> None:
     head = Text()
     head.append(f"run {model.run_id}", style="bold")
     head.append(f"  service {model.service or '-'}  status {model.status}")
-    head.append(f"  startup {model.startup_s:.3f} s  processes {len(model.lanes)}  spans {len(model.spans)}")
     console.print(head)
+    console.print(
+        f"startup {model.startup_s:.3f} s  processes {len(model.lanes)}  spans {len(model.spans)}", markup=False
+    )
     for problem in model.problems:
         console.print(Text(f"warning: {problem}", style="yellow"))
 
-    table = Table(title="processes", show_lines=False)
-    table.add_column("process", no_wrap=True, max_width=28)
-    table.add_column("role", no_wrap=True)
-    table.add_column("rank", justify="right", no_wrap=True)
-    table.add_column("pid", justify="right", no_wrap=True)
-    table.add_column("ready s", justify="right", no_wrap=True)
-    table.add_column("import s", justify="right", no_wrap=True)
-    table.add_column("cover", justify="right", no_wrap=True)
-    table.add_column("top 5 imports (s)", ratio=1, overflow="fold")
+
+def _nodes(model: RunModel, console: Console, wide: bool) -> None:
+    """Several hosts: one row per node, with its clock's offset and error (docs/multinode.md)."""
+    rows = node_rows(model)
+    if not rows:
+        return
+    cols = [Col("node"), Col("ranks"), Col("procs", "right"), Col("offset ms", "right"), Col("± ms", "right")]
+    cols += [Col("aligned by"), Col("NTP", flex=True)]
+    for row in rows:
+        ntp = row["ntp"] or {}
+        synced = {True: "synced", False: "NOT synced"}.get(ntp.get("ntp_synced"), "-")
+        if isinstance(ntp.get("esterror_us"), (int, float)):
+            synced += f" (est. error {ntp['esterror_us'] / 1000:.1f} ms)"
+        offset, error = row["offset_ns"], row["error_ns"]
+        cols[0].cells.append(row["node"])
+        cols[1].cells.append(_ranks_text(row["ranks"]))
+        cols[2].cells.append(str(len(row["lanes"])))
+        cols[3].cells.append("-" if offset is None else f"{offset / 1e6:+.3f}")
+        cols[4].cells.append("-" if error is None else f"{error / 1e6:.3f}")
+        cols[5].cells.append(row["method"] or "-")
+        cols[6].cells.append(synced)
+    _table(console, "nodes (offset: its clock minus the first node's, taken off its times)", cols, wide)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    if not ranks:
+        return "-"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(str(r) for r in ranks)
+
+
+def _processes(model: RunModel, console: Console, wide: bool) -> None:
+    many = wide or console.width >= 140
+    cols = [
+        Col("node" if any(lane.node for lane in model.lanes) else "process"),
+        Col("start"),
+        Col("ready s", "right"),
+        Col("import s", "right"),
+        Col("cover", "right"),
+        Col("top 5 imports (s)" if many else "top import (s)", flex=True),
+    ]
     for lane in model.lanes:
-        tops = ", ".join(f"{m} {d / 1e9:.3f}" for m, d in lane.top_imports)
-        table.add_row(
-            Text(_process_name(lane.command) or lane.id),
-            Text(lane.role or "-"),
-            "-" if lane.rank is None else str(lane.rank),
-            "-" if lane.pid is None else str(lane.pid),
-            _s(model.seconds(lane.ready_ns)),
-            f"{lane.import_ns / 1e9:.3f}",
-            "-" if lane.coverage is None else f"{lane.coverage * 100:.0f}%",
-            Text(tops),
-        )
-    console.print(table)
+        tops = lane.top_imports if many else lane.top_imports[:1]
+        cols[0].cells.append(f"{lane.node}  {lane.label}" if lane.node else lane.label)
+        cols[1].cells.append(lane.start_method or "-")
+        cols[2].cells.append(_s(model.seconds(lane.ready_ns)))
+        cols[3].cells.append(f"{lane.import_ns / 1e9:.3f}")
+        cols[4].cells.append("-" if lane.coverage is None else f"{lane.coverage * 100:.0f}%")
+        if many:
+            cols[5].cells.append(", ".join(f"{m} {d / 1e9:.3f}" for m, d in tops))
+        else:
+            cols[5].cells.append(_module_with(tops[0][0], f"{tops[0][1] / 1e9:.3f}") if tops else "")
+    _table(console, "processes", cols, wide)
 
-    if model.phases:
-        phases = [p for p in model.phases if p not in ("ready",)]
-        # as many phase columns as the console has room for, the costliest first (all of them
-        # are in `report --json` and on the web page)
-        totals = {ph: sum(lane.phases.get(ph, 0) for lane in model.lanes) for ph in phases}
-        room = max(3, (console.width - 24) // 11)
-        shown = sorted(phases, key=lambda ph: -totals[ph])[:room]
-        hidden = len(phases) - len(shown)
-        phases = [ph for ph in phases if ph in shown]
-        title = "seconds per phase" + (f" (the {len(phases)} costliest; {hidden} more in --json)" if hidden else "")
-        pt = Table(title=title)
-        pt.add_column("process", no_wrap=True)
-        for ph in phases:
-            pt.add_column(ph, justify="right", no_wrap=True, overflow="ellipsis")
-        for lane in model.lanes:
-            pt.add_row(Text(lane.label), *[_s(lane.phases[ph] / 1e9) if ph in lane.phases else "" for ph in phases])
-        console.print(pt)
 
+def _phases(model: RunModel, console: Console, wide: bool) -> None:
+    phases = [p for p in model.phases if p not in ("ready",)]
+    if not phases:
+        return
+    # as many phase columns as the console has room for, the costliest first (all of them are
+    # in `report --json` and on the web page)
+    totals = {ph: sum(lane.phases.get(ph, 0) for lane in model.lanes) for ph in phases}
+    label_w = max(len(lane.label) for lane in model.lanes) if model.lanes else 7
+    room = console.width - label_w
+    shown: list[str] = []
+    for ph in sorted(phases, key=lambda ph: -totals[ph]):
+        need = max(len(ph), 7) + 3
+        if not wide and room - need < 0:
+            continue
+        room -= need
+        shown.append(ph)
+    hidden = len(phases) - len(shown)
+    ordered = [ph for ph in phases if ph in shown]
+    title = "seconds per phase" + (f" (the {len(ordered)} costliest; {hidden} more in --json)" if hidden else "")
+    cols = [Col("process")] + [Col(ph, "right") for ph in ordered]
+    for lane in model.lanes:
+        cols[0].cells.append(lane.label)
+        for col, ph in zip(cols[1:], ordered, strict=True):
+            col.cells.append(_s(lane.phases[ph] / 1e9) if ph in lane.phases else "")
+    _table(console, title, cols, wide)
+
+
+def _in_progress(model: RunModel, console: Console, wide: bool) -> None:
     open_spans = [
         (lane, n)
         for lane in model.lanes
         for n in lane.in_progress
         if n is not lane.process_span and n.phase not in STRUCTURAL_PHASES
     ]
-    if open_spans:
-        ot = Table(title="in progress")
-        ot.add_column("process")
-        ot.add_column("span")
-        ot.add_column("open for s", justify="right")
-        for lane, n in sorted(open_spans, key=lambda x: x[1].start - x[1].eff_end)[:20]:
-            ot.add_row(Text(lane.label), Text(n.name), f"{(n.eff_end - n.start) / 1e9:.3f}")
-        console.print(ot)
+    if not open_spans:
+        return
+    cols = [Col("process"), Col("span", flex=True), Col("open for s", "right")]
+    for lane, n in sorted(open_spans, key=lambda x: x[1].start - x[1].eff_end)[:20]:
+        cols[0].cells.append(lane.label)
+        cols[1].cells.append(_span_name(n.name))
+        cols[2].cells.append(f"{(n.eff_end - n.start) / 1e9:.3f}")
+    _table(console, "in progress", cols, wide)
 
-    if model.hotspots:
-        ht = Table(title="import hotspots")
-        for col in ("module", "cumulative s", "self s", "processes", "ranks paid"):
-            ht.add_column(col, justify="left" if col == "module" else "right")
-        for h in model.hotspots[:15]:
-            ht.add_row(
-                Text(h["module"]),
-                f"{h['cumulative_s']:.3f}",
-                f"{h['self_s']:.3f}",
-                str(h["processes"]),
-                str(h["ranks_paid"]),
-            )
-        console.print(ht)
 
-    if model.preload_advice:
-        at = Table(title="preload advice")
-        for col in ("module", "ranks", "saving per rank s", "advice"):
-            at.add_column(col)
-        for a in model.preload_advice[:10]:
-            at.add_row(Text(a["module"]), str(a["ranks"]), f"{a['saving_per_rank_s']:.3f}", Text(a["advice"]))
-        console.print(at)
+def _hotspots(model: RunModel, console: Console, wide: bool) -> None:
+    if not model.hotspots:
+        return
+    cols = [
+        Col("module", flex=True),
+        Col("cumulative s", "right"),
+        Col("self s", "right"),
+        Col("procs", "right"),
+        Col("ranks", "right"),
+    ]
+    for h in model.hotspots[:15]:
+        cols[0].cells.append(_fit_module(h["module"]))
+        cols[1].cells.append(f"{h['cumulative_s']:.3f}")
+        cols[2].cells.append(f"{h['self_s']:.3f}")
+        cols[3].cells.append(str(h["processes"]))
+        cols[4].cells.append(str(h["ranks_paid"]))
+    _table(console, "import hotspots (ranks: how many ranks paid for it)", cols, wide)
 
+
+def _fit_module(module: str) -> Callable[[int], str]:
+    return lambda width: abbreviate(module, width)
+
+
+def _cuda_line(model: RunModel, console: Console) -> None:
     audit = model.cuda_audit
-    if audit.get("issues"):
-        for issue in audit["issues"]:
-            chain = " -> ".join(issue["chain"]) or "(flagged by the process)"
-            console.print(Text(f"CUDA audit: {issue['label']}: {issue['kind']}: {chain}", style="red"))
-    elif audit:
-        console.print(Text("CUDA audit: clean", style="green"))
-
-    if model.critical_path:
-        cp = Table(title="critical path to ready")
-        for col in ("process", "span", "start s", "seconds"):
-            cp.add_column(col, justify="right" if col in ("start s", "seconds") else "left")
-        steps = sorted(model.critical_path, key=lambda st: st.start - st.end)[:15]
-        for st in sorted(steps, key=lambda st: st.start):
-            cp.add_row(
-                Text(model.lanes[st.lane].label),
-                Text(st.name + ("" if st.kind == "span" else f" ({st.kind})")),
-                _s(model.seconds(st.start)),
-                f"{(st.end - st.start) / 1e9:.3f}",
-            )
-        console.print(cp)
+    if audit and not audit.get("issues"):
+        console.print(Text("CUDA audit: clean", style="green"))  # issues are findings (cuda_before_fork)
 
 
-def render_compare(cmp: Comparison, console: Console) -> None:
+def _critical_path(model: RunModel, console: Console, wide: bool) -> None:
+    if not model.critical_path:
+        return
+    cols = [Col("process"), Col("span", flex=True), Col("start s", "right"), Col("seconds", "right")]
+    steps = sorted(model.critical_path, key=lambda st: st.start - st.end)[:15]
+    for st in sorted(steps, key=lambda st: st.start):
+        suffix = "" if st.kind == "span" else f" ({st.kind})"
+        cols[0].cells.append(model.lanes[st.lane].label)
+        cols[1].cells.append(_with_suffix(st.name, suffix))
+        cols[2].cells.append(_s(model.seconds(st.start)))
+        cols[3].cells.append(f"{(st.end - st.start) / 1e9:.3f}")
+    _table(console, "critical path to ready", cols, wide)
+
+
+def _with_suffix(name: str, suffix: str) -> Callable[[int], str]:
+    fit = _span_name(name)
+    return lambda width: fit(width - len(suffix)) + suffix
+
+
+# --------------------------------------------------------------------------------------------
+# compare
+
+
+def render_compare(cmp: Comparison, console: Console, wide: bool = False) -> None:
     s = cmp.summary
+    console.print(Text(f"A {cmp.a}  vs  B {cmp.b}", style="bold"))
     console.print(
         Text(
-            f"A {cmp.a}  vs  B {cmp.b}: startup {s['startup_s']['a']:.3f} s -> {s['startup_s']['b']:.3f} s "
-            f"({s['startup_s']['delta']:+.3f} s)",
+            f"startup {s['startup_s']['a']:.3f} s -> {s['startup_s']['b']:.3f} s ({s['startup_s']['delta']:+.3f} s)",
             style="bold",
         )
     )
     for note in cmp.notes:
         console.print(Text(note))
-    pt = Table(title="phases (summed over processes)")
-    for col in ("phase", "A s", "B s", "delta s"):
-        pt.add_column(col, justify="left" if col == "phase" else "right")
+    _preload_check(cmp, console, wide)
+    cols = [Col("phase", flex=True), Col("A s", "right"), Col("B s", "right"), Col("delta s", "right")]
     for p in cmp.phases:
-        pt.add_row(Text(p["phase"]), _s(p["a"]), _s(p["b"]), _signed(p["delta"]))
-    console.print(pt)
-    rt = Table(title="per rank")
-    for col in ("process", "ready A s", "ready B s", "delta s", "import A s", "import B s"):
-        rt.add_column(col, justify="left" if col == "process" else "right")
+        cols[0].cells.append(p["phase"])
+        cols[1].cells.append(_s(p["a"]))
+        cols[2].cells.append(_s(p["b"]))
+        cols[3].cells.append(_signed(p["delta"]))
+    _table(console, "phases (summed over processes)", cols, wide)
+    _compare_nodes(cmp, console, wide)
+    _compare_ranks(cmp, console, wide)
+    _compare_modules(cmp, console, wide)
+
+
+def _compare_nodes(cmp: Comparison, console: Console, wide: bool) -> None:
+    """Runs of several hosts: per node (matched by position), its ranks and when it was ready."""
+    if not cmp.nodes:
+        return
+    heads = ("ranks A", "ranks B", "ready A s", "ready B s", "delta s")
+    cols = [Col("node (A / B)", flex=True)] + [Col(h, "right") for h in heads]
+    for row in cmp.nodes:
+        ready = row["time_to_ready_s"]
+        cols[0].cells.append(f"{row['node']}: {row['host_a'] or '-'} / {row['host_b'] or '-'}")
+        values = (_ranks_text(row["ranks_a"]), _ranks_text(row["ranks_b"]), _s(ready["a"]), _s(ready["b"]))
+        for col, value in zip(cols[1:], (*values, _signed(ready["delta"])), strict=True):
+            col.cells.append(value)
+    _table(console, "per node", cols, wide)
+
+
+def _compare_ranks(cmp: Comparison, console: Console, wide: bool) -> None:
+    heads = ("ready A s", "ready B s", "delta s", "import A s", "import B s")
+    cols = [Col("process", flex=True)] + [Col(h, "right") for h in heads]
     for r in cmp.ranks:
-        rt.add_row(
-            Text(r["key"]),
+        cols[0].cells.append(r["key"])
+        values = (
             _s(r["time_to_ready_s"]["a"]),
             _s(r["time_to_ready_s"]["b"]),
             _signed(r["time_to_ready_s"]["delta"]),
             _s(r["import_s"]["a"]),
             _s(r["import_s"]["b"]),
         )
-    console.print(rt)
-    mt = Table(title="modules (largest changes)")
-    for col in ("module", "A s", "B s", "delta s", "ranks A", "ranks B"):
-        mt.add_column(col, justify="left" if col == "module" else "right")
+        for col, value in zip(cols[1:], values, strict=True):
+            col.cells.append(value)
+    _table(console, "per rank", cols, wide)
+
+
+def _compare_modules(cmp: Comparison, console: Console, wide: bool) -> None:
+    heads = ("A s", "B s", "delta s", "ranks A", "ranks B")
+    cols = [Col("module", flex=True)] + [Col(h, "right") for h in heads]
     for m in cmp.modules[:20]:
-        mt.add_row(
-            Text(m["module"]),
-            _s(m["a"]),
-            _s(m["b"]),
-            _signed(m["delta"]),
-            str(m["ranks_paid_a"]),
-            str(m["ranks_paid_b"]),
+        cols[0].cells.append(_fit_module(m["module"]))
+        values = (_s(m["a"]), _s(m["b"]), _signed(m["delta"]), str(m["ranks_paid_a"]), str(m["ranks_paid_b"]))
+        for col, value in zip(cols[1:], values, strict=True):
+            col.cells.append(value)
+    _table(console, "modules (largest changes)", cols, wide)
+
+
+def _preload_check(cmp: Comparison, console: Console, wide: bool) -> None:
+    """Predicted (A's preload findings) against realised (B) savings, per rank and on time to ready."""
+    for check in cmp.preload_checks:
+        applied = "applied" if check["applied"] else "NOT applied"
+        console.print(
+            Text(
+                f"preload advice of A ({len(check['modules'])} modules, {check['start_method']}): {applied} in B",
+                style="bold",
+            )
         )
-    console.print(mt)
+        for line in check["notes"]:
+            console.print(Text(line))
+        cols = [
+            Col("rank", flex=True),
+            Col("predicted s", "right"),
+            Col("realised s", "right"),
+            Col("left in B s", "right"),
+        ]
+        for r in check["ranks"]:
+            cols[0].cells.append(r["key"])
+            cols[1].cells.append(_s(r["predicted_s"]))
+            cols[2].cells.append(_s(r["realised_s"]))
+            cols[3].cells.append(_s(r["still_imported_s"]))
+        ttr = check["time_to_ready"]
+        cols[0].cells.append("time to ready")
+        cols[1].cells.append(_s(-ttr["predicted_change_s"]))
+        cols[2].cells.append(_s(-ttr["realised_change_s"]))
+        cols[3].cells.append("")
+        _table(console, "saving, predicted (A) vs realised (B)", cols, wide)
+        console.print(Text(f"time to ready: the prediction is an estimate ({ttr['basis']})", style="dim"))
+
+
+# --------------------------------------------------------------------------------------------
+# advise
+
+
+def render_advise(model: RunModel, console: Console, wide: bool = False) -> None:
+    """`starttrace advise`: the findings, then each preload list with its per-module seconds."""
+    console.print(Text(f"run {model.run_id}  status {model.status}  startup {model.startup_s:.3f} s", style="bold"))
+    render_findings(model.findings, console)
+    for f in model.findings:
+        if f["kind"] != "preload":
+            continue
+        for r in f["refused"]:
+            console.print(Text(f"refused {r['module']}: {r['reason']}", style="red"))
+        if not f["modules_detail"]:
+            continue
+        cols = [Col("module", flex=True), Col("ranks", "right"), Col("s per rank", "right")]
+        for d in f["modules_detail"]:
+            cols[0].cells.append(_fit_module(d["module"]))
+            cols[1].cells.append(str(d["ranks"]))
+            cols[2].cells.append(f"{d['seconds_per_rank']:.3f}")
+        small = f["small_modules"]
+        if small["count"]:
+            cols[0].cells.append(f"({small['count']} more under 0.1 ms)")
+            cols[1].cells.append("")
+            cols[2].cells.append(f"{small['seconds_per_rank']:.3f}")
+        who = f"forkserver pid {f['forkserver_pid']}" if f["forkserver_pid"] else f"ranks of pid {f['launcher_pid']}"
+        _table(console, f"preload list for {who}", cols, wide)

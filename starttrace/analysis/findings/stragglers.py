@@ -1,0 +1,145 @@
+"""`straggler` findings: per phase that every rank enters, the spread of the ranks and why the
+slowest is late.
+
+Ranks: lanes of role `worker` with a rank. Phases: those every rank has a span of (dist_init,
+model_load, kv_cache, ...; not imports, interpreter, bootstrap), and `ready` (each rank's ready
+time). Entry: a rank's first span of the phase; exit: its last end. For a wait phase (dist_init,
+barriers) exits are near-simultaneous: the straggler is the rank that entered last, and the
+others waited for it. For other phases the straggler is the rank that left last. Why: what the
+late rank did before that took longer than on the earliest rank (the most specific span whose
+time differs by at least 80 % of the largest difference), or that it started later.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starttrace.analysis.findings.common import finding, is_wait, s, short_name
+from starttrace.analysis.model import Lane, RunModel, SpanNode
+
+SKIP_PHASES = frozenset(
+    {"process", "startup", "import", "interpreter", "bootstrap", "fork", "launch", "other", "idle"}
+    | {"forkserver", "forkserver_preload"}
+)
+MIN_SPREAD_S = 0.1
+MIN_SHARE = 0.02  # of the run's startup
+MAX_FINDINGS = 6
+
+
+def straggler_findings(model: RunModel) -> list[dict[str, Any]]:
+    ranks = [ln for ln in model.lanes if ln.role == "worker" and ln.rank is not None]
+    if len(ranks) < 2:
+        return []
+    floor = max(MIN_SPREAD_S, MIN_SHARE * model.startup_s)
+    out = []
+    for phase in _common_phases(ranks):
+        spans = {ln.index: [n for n in ln.spans if n.phase == phase and not n.instant] for ln in ranks}
+        entry = {i: min(n.start for n in ns) for i, ns in spans.items()}
+        exit_ = {i: max(n.eff_end for n in ns) for i, ns in spans.items()}
+        got = _phase_finding(model, ranks, phase, entry, exit_, spans, floor)
+        if got is not None:
+            out.append(got)
+    if all(ln.ready_ns is not None for ln in ranks):
+        ready = {ln.index: ln.ready_ns for ln in ranks}
+        got = _phase_finding(model, ranks, "ready", ready, ready, {}, floor)  # type: ignore[arg-type]
+        if got is not None:
+            out.append(got)
+    out.sort(key=lambda f: -(f["seconds"] or 0))
+    return out[:MAX_FINDINGS]
+
+
+def _common_phases(ranks: list[Lane]) -> list[str]:
+    common = None
+    for ln in ranks:
+        have = {n.phase for n in ln.spans if not n.instant and n.phase not in SKIP_PHASES}
+        common = have if common is None else common & have
+    order = {ph: i for i, ph in enumerate(ranks[0].phases)}
+    return sorted(common or (), key=lambda ph: order.get(ph, 99))
+
+
+def _phase_finding(
+    model: RunModel,
+    ranks: list[Lane],
+    phase: str,
+    entry: dict[int, int],
+    exit_: dict[int, int],
+    spans: dict[int, list[SpanNode]],
+    floor: float,
+) -> dict[str, Any] | None:
+    entry_spread = (max(entry.values()) - min(entry.values())) / 1e9
+    exit_spread = (max(exit_.values()) - min(exit_.values())) / 1e9
+    waits = bool(spans) and all(is_wait(n) for ns in spans.values() for n in ns)
+    spread = entry_spread if waits else exit_spread
+    if spread < floor:
+        return None
+    by = {ln.index: ln for ln in ranks}
+    key = entry if waits else exit_
+    late = by[max(key, key=lambda i: key[i])]
+    early = by[min(key, key=lambda i: key[i])]
+    lateness = spread
+    why = _why(late, early, entry[late.index], entry[early.index], lateness)
+    name = "dist.init" if phase == "dist_init" else phase
+    if waits:
+        waited = ", ".join(
+            f"{short_name(by[i])} waited {s((entry[late.index] - entry[i]) / 1e9)}"
+            for i in sorted(entry, key=lambda i: entry[i])
+            if i != late.index
+        )
+        text = f"{waited} in {name} for {short_name(late)}{why}"
+    elif phase == "ready":
+        text = f"{short_name(late)} was ready {s(spread)} after {short_name(early)}{why}"
+    else:
+        text = f"{short_name(late)} left {name} {s(spread)} after {short_name(early)}{why}"
+    text += f"; the ranks entered within {s(entry_spread)} and left within {s(exit_spread)}"
+    return finding(
+        "straggler",
+        "warning" if spread >= 1.0 else "info",
+        [late] + [ln for ln in ranks if ln is not late],
+        spread,
+        text,
+        f"look at {short_name(late)} before {name}: the waterfall shows it against the other ranks",
+        phase=phase,
+        slowest_pid=late.pid,
+        slowest_rank=late.rank,
+        entry_spread_s=round(entry_spread, 6),
+        exit_spread_s=round(exit_spread, 6),
+        entries={str(by[i].rank): model.seconds(t) for i, t in entry.items()},
+        exits={str(by[i].rank): model.seconds(t) for i, t in exit_.items()},
+    )
+
+
+def _durations(lane: Lane, until: int) -> dict[str, tuple[int, int]]:
+    """name -> (summed duration of its spans that ended before `until`, shallowest depth)."""
+    out: dict[str, tuple[int, int]] = {}
+    for n in lane.spans:
+        if n is lane.process_span or n.instant or n.in_progress or n.eff_end > until or n.phase == "process":
+            continue
+        if n.depth > 2 and n.phase != "import":
+            continue
+        total, depth = out.get(n.name, (0, n.depth))
+        out[n.name] = (total + n.duration, min(depth, n.depth))
+    return out
+
+
+def _why(late: Lane, early: Lane, t_late: int, t_early: int, lateness: float) -> str:
+    started_later = (late.start - early.start) / 1e9
+    a, b = _durations(late, t_late), _durations(early, t_early)
+    diffs = {name: (d - b.get(name, (0, 0))[0], depth) for name, (d, depth) in a.items()}
+    best = max((d for d, _ in diffs.values()), default=0)
+    if started_later >= 0.5 * lateness and started_later * 1e9 >= best:
+        return f", which started {s(started_later)} later"
+    if best <= 0:
+        return ""
+    close = [(depth, d, name) for name, (d, depth) in diffs.items() if d >= 0.8 * best]
+    _depth, d, name = max(close)
+    text = f", whose {_what(name)} took {s(d / 1e9)} longer"
+    if not name.startswith("import "):  # the import that differs most, when it is a good part of it
+        imports = [(dd, nm) for nm, (dd, _) in diffs.items() if nm.startswith("import ") and dd >= 0.3 * d]
+        if imports:
+            dd, nm = max(imports)
+            text += f" ({_what(nm)}: {s(dd / 1e9)} longer)"
+    return text
+
+
+def _what(name: str) -> str:
+    return f"import of {name[7:]}" if name.startswith("import ") else name
