@@ -249,3 +249,10 @@ def module_otlp_receiver() -> Iterator[OtlpReceiver]:
     """The same receiver, shared by the tests of a module (e.g. one real vLLM run)."""
     with running_otlp_receiver() as receiver:
         yield receiver
+
+
+@pytest.fixture(scope="session")
+def session_otlp_receiver() -> Iterator[OtlpReceiver]:
+    """The same receiver for the whole session (the real vLLM run the e2e modules share)."""
+    with running_otlp_receiver() as receiver:
+        yield receiver

@@ -1,5 +1,6 @@
 """Jaeger view: a run as a Jaeger UI JSON file (`{"data": [trace]}`; parents only through
-`references`, times in microseconds), loadable with the Jaeger UI's "JSON File" search."""
+`references`, times in microseconds), loadable with the Jaeger UI's "JSON File" search.
+`detail` as for every exporter (analysis/detail.py): `summary` keeps what the Jaeger UI can draw."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import time
 from typing import Any
 
+from starttrace.analysis.detail import DEFAULT_DETAIL, DEFAULT_IMPORT_BUDGET, apply_detail
 from starttrace.run import Run, Span
 from starttrace.views.perfetto import sort_key
 
@@ -33,8 +35,11 @@ def trace_hex(run: Run) -> str:
     return hashlib.md5((tid or run.run_id).encode()).hexdigest()
 
 
-def to_jaeger(run: Run, now_ns: int | None = None) -> dict[str, Any]:
+def to_jaeger(
+    run: Run, now_ns: int | None = None, detail: str = DEFAULT_DETAIL, import_budget: int = DEFAULT_IMPORT_BUDGET
+) -> dict[str, Any]:
     now_ns = time.time_ns() if now_ns is None else now_ns
+    run = apply_detail(run, detail, import_budget)
     trace_id = trace_hex(run)
     processes: dict[str, Any] = {}
     spans: list[dict[str, Any]] = []
@@ -45,7 +50,7 @@ def to_jaeger(run: Run, now_ns: int | None = None) -> dict[str, Any]:
         tags = [_tag(k, v) for k, v in process.resource.items() if k != "service.name"]
         service = process.resource.get("service.name") or run.service or "starttrace"
         processes[key] = {"serviceName": str(service), "tags": tags}
-        own = list(process.spans) + (list(run.root_spans) if process is root else [])
+        own = list(process.spans) + [s for s in run.root_spans if (run.root_owner(s) or root) is process]
         spans.extend(_span(s, trace_id, key, now_ns) for s in own)
     if not run.processes and run.root_spans:
         processes["p1"] = {"serviceName": run.service or "starttrace", "tags": []}

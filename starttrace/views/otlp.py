@@ -3,7 +3,8 @@ written as OTLP protobuf / OTLP/JSON (`starttrace export`, `GET /runs/{id}/expor
 
 The spans keep the journal's trace id, span ids, parents and timestamps, so the same run looks
 the same in Jaeger, Tempo and the starttrace service. Spans still open are sent with the export
-time as their end and `starttrace.in_progress = true`.
+time as their end and `starttrace.in_progress = true`. `detail` (analysis/detail.py): `full` sends
+every span with the summary set marked (`starttrace.summary = true`), `summary` only that set.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from starttrace import __version__
+from starttrace.analysis.detail import DEFAULT_DETAIL, DEFAULT_IMPORT_BUDGET, apply_detail
 from starttrace.boot import otlp_endpoint
 from starttrace.run import Process, Run, Span
 
@@ -56,15 +58,23 @@ def _context(trace_id: int, span_id: str) -> SpanContext:
     return SpanContext(trace_id, int(span_id, 16), is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
 
 
-def to_readable_spans(run: Run, now_ns: int | None = None, only: set[str] | None = None) -> list[ReadableSpan]:
-    """Every span of the run (optionally only the ids in `only`) as SDK ReadableSpans."""
+def to_readable_spans(
+    run: Run,
+    now_ns: int | None = None,
+    only: set[str] | None = None,
+    detail: str = DEFAULT_DETAIL,
+    import_budget: int = DEFAULT_IMPORT_BUDGET,
+) -> list[ReadableSpan]:
+    """The spans of the run at `detail` (optionally only the ids in `only`) as SDK ReadableSpans."""
     now_ns = time.time_ns() if now_ns is None else now_ns
+    run = apply_detail(run, detail, import_budget)
     trace_id = int(run.trace_id, 16)
     parent_of_root = run.meta.get("parent_span_id")
-    root_resource = run.processes[0].resource if run.processes else {"service.name": "starttrace"}
     result: list[ReadableSpan] = []
     for span in run.root_spans:
         if only is None or span.span_id in only:
+            owner = run.root_owner(span)  # each node's root span goes with its own root process
+            root_resource = owner.resource if owner is not None else {"service.name": "starttrace"}
             result.append(
                 _readable(span, trace_id, Resource.create(_attributes(root_resource)), now_ns, parent_of_root)
             )
@@ -136,22 +146,36 @@ def http_exporter(endpoint: str, timeout_s: float = 10.0, headers: dict[str, str
     return OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s, headers=headers)
 
 
-def export_run(run: Run, endpoint: str, timeout_s: float = 10.0, headers: dict[str, str] | None = None) -> int:
+def export_run(
+    run: Run,
+    endpoint: str,
+    timeout_s: float = 10.0,
+    headers: dict[str, str] | None = None,
+    detail: str = DEFAULT_DETAIL,
+    import_budget: int = DEFAULT_IMPORT_BUDGET,
+) -> int:
+    spans = to_readable_spans(run, detail=detail, import_budget=import_budget)
     exporter = http_exporter(endpoint, timeout_s, headers)
     try:
-        return send(to_readable_spans(run), exporter)
+        return send(spans, exporter)
     finally:
         exporter.shutdown()
 
 
 def to_otlp_json(
-    run: Run, spans: Iterable[ReadableSpan] | None = None, now_ns: int | None = None
+    run: Run,
+    spans: Iterable[ReadableSpan] | None = None,
+    now_ns: int | None = None,
+    detail: str = DEFAULT_DETAIL,
+    import_budget: int = DEFAULT_IMPORT_BUDGET,
 ) -> dict[str, Any]:
     """OTLP/JSON (ExportTraceServiceRequest) with hex ids, as the OTLP spec wants them."""
     from google.protobuf import json_format
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    message = encode_spans(list(spans if spans is not None else to_readable_spans(run, now_ns)))
+    if spans is None:
+        spans = to_readable_spans(run, now_ns, detail=detail, import_budget=import_budget)
+    message = encode_spans(list(spans))
     # OTLP/JSON: enums are integers (json_format writes their names by default).
     data = json_format.MessageToDict(message, preserving_proto_field_name=False, use_integers_for_enums=True)
     for resource_spans in data.get("resourceSpans", []):
@@ -173,7 +197,10 @@ def _b64_to_hex(value: str) -> str:
     return base64.b64decode(value).hex()
 
 
-def to_otlp_protobuf(run: Run) -> bytes:
+def to_otlp_protobuf(
+    run: Run, now_ns: int | None = None, detail: str = DEFAULT_DETAIL, import_budget: int = DEFAULT_IMPORT_BUDGET
+) -> bytes:
+    """An OTLP protobuf ExportTraceServiceRequest of the run at `detail` (what a backend receives)."""
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
-    return encode_spans(to_readable_spans(run)).SerializeToString()
+    return encode_spans(to_readable_spans(run, now_ns, detail=detail, import_budget=import_budget)).SerializeToString()

@@ -3,6 +3,7 @@
 One track per process, named `role rank pid` and sorted like the waterfall; slices on one thread
 obey Perfetto's nesting rule (a child lies inside its parent; siblings do not overlap): a child
 that outlives its parent is clipped to it, and the clip is recorded in the slice's args.
+`detail` as for every exporter (analysis/detail.py): `full` or `summary`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from starttrace.analysis.detail import DEFAULT_DETAIL, DEFAULT_IMPORT_BUDGET, apply_detail
 from starttrace.run import Process, Run, Span
 
 ROLE_ORDER = {"main": 0, "api_server": 1, "forkserver": 2, "engine_core": 3, "worker": 4, "helper": 5}
@@ -25,8 +27,11 @@ def _us(ns: int, t0: int) -> float:
     return round((ns - t0) / 1000.0, 3)
 
 
-def to_perfetto(run: Run, now_ns: int | None = None) -> dict[str, Any]:
+def to_perfetto(
+    run: Run, now_ns: int | None = None, detail: str = DEFAULT_DETAIL, import_budget: int = DEFAULT_IMPORT_BUDGET
+) -> dict[str, Any]:
     now_ns = time.time_ns() if now_ns is None else now_ns
+    run = apply_detail(run, detail, import_budget)
     starts = [p.created_ns for p in run.processes] + [s.start_ns for s in run.root_spans]
     t0 = min(starts) if starts else 0
     events: list[dict[str, Any]] = []
@@ -34,9 +39,15 @@ def to_perfetto(run: Run, now_ns: int | None = None) -> dict[str, Any]:
     events.append({"ph": "M", "name": "process_sort_index", "pid": RUN_TRACK_PID, "args": {"sort_index": 0}})
     for span in run.root_spans:
         events.extend(_slices([span], RUN_TRACK_PID, t0, now_ns))
+    used: set[int] = set()
+    several_hosts = len({p.clock_domain for p in run.processes}) > 1  # name each track's host too
     for index, process in enumerate(sorted(run.processes, key=sort_key), 1):
         pid = process.pid or 1_000_000 + index  # OTLP processes may carry no pid
-        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": process.label()}})
+        if pid in used:  # the same pid on another host of a multi-node run: a track of its own
+            pid = 1_000_000 + index
+        used.add(pid)
+        name = f"{process.label()} @ {process.host}" if several_hosts else process.label()
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": index}})
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": pid, "args": {"name": "main"}})
         events.extend(_slices(process.spans, pid, t0, now_ns))

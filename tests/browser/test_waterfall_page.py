@@ -174,7 +174,12 @@ def test_live_run_grows(service: str, browser: Any) -> None:
     assert page.locator("#run-status").inner_text() == "running"
     first = page.locator("#in-progress-table").inner_text()
     assert "vllm.model_load" in first
-    page.wait_for_timeout(2600)  # one live refresh (every 2 s)
+    # one live refresh (every 2 s; the service may be busy prebuilding the big run's model)
+    page.wait_for_function(
+        "(first) => { const t = document.getElementById('in-progress-table'); return t && t.innerText !== first; }",
+        arg=first,
+        timeout=10_000,
+    )
     assert page.locator("#in-progress-table").inner_text() != first  # open time went up
     page.close()
 
@@ -208,4 +213,70 @@ def test_big_run_responsive(service: str, browser: Any) -> None:
     assert load_s < 20 and frame_ms < 1000
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "waterfall-16x6000.png"))
+    page.close()
+
+
+def test_big_run_detail_is_fetched_lazily(service: str, browser: Any) -> None:
+    """The first answer of the 16 x 6000 run is small and holds part of the spans; opening a lane
+    fetches that lane whole (its import tree lists it), zooming in fetches the spans the zoom level
+    shows, and they are drawn."""
+    first = httpx.get(service + "/startup/big-run", timeout=60)
+    doc = first.json()
+    assert len(first.content) <= 2_000_000 and not doc["first_answer"]["complete"]
+    worker = doc["lanes"][5]
+    assert not worker["complete"] and len(worker["spans"]) < worker["span_count"] > 5000
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(service + "/startup/big-run")
+    page.wait_for_selector("body[data-loaded=true]", timeout=60_000)
+    labels = page.locator(".lane-label")
+    assert labels.nth(5).get_attribute("data-complete") == "false"
+    assert int(labels.nth(5).get_attribute("data-spans")) == len(worker["spans"])
+    # open a lane: one request for the whole lane, then its import tree
+    with page.expect_request(lambda r: "/startup/big-run/lanes/5/spans" in r.url) as opened:
+        labels.nth(5).click()
+    assert "min_us" not in opened.value.url
+    page.wait_for_selector(".lane-label[data-lane='5'][data-complete='true']", timeout=30_000)
+    assert int(page.locator(".lane-label[data-lane='5']").get_attribute("data-spans")) == worker["span_count"]
+    page.locator("#tree-root details.tree-node").first.wait_for(timeout=10_000)
+    assert "worker rank 2" in page.locator("#tree-title").inner_text()
+    whole = httpx.get(service + "/startup/big-run/lanes/5/spans", timeout=60).json()
+    assert whole["complete"] and len(whole["spans"]) == worker["span_count"]
+    by_pos = {r[9]: r for r in whole["spans"]}
+    roots = [r for r in whole["spans"] if r[3] == "import" and by_pos.get(r[1], [None] * 4)[3] != "import"]
+    listed = page.locator("#tree-root > details.tree-node, #tree-root > .tree-leaf").count()
+    assert listed == min(200, len(roots)) > 0  # the tree lists the whole lane's top-level imports
+    # zoom in on another lane: the spans of that zoom level come in a windowed request
+    lane6 = page.locator(".lane-label[data-lane='6']")
+    before = int(lane6.get_attribute("data-spans"))
+    box = page.locator("#wf-canvas").bounding_box()
+    label_box = lane6.bounding_box()
+    with page.expect_request(lambda r: "/lanes/6/spans" in r.url and "min_us=" in r.url, timeout=30_000) as zoomed:
+        hash_before = page.evaluate(
+            """([x, y]) => { const c = document.getElementById('wf-canvas');
+            for (let i = 0; i < 16; i++) { c.dispatchEvent(new WheelEvent('wheel', {deltaY: -120,
+              clientX: x, clientY: y, bubbles: true, cancelable: true})); }
+            return new Promise(res => requestAnimationFrame(() => {
+              const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let h = 0;
+              for (let i = 0; i < d.length; i += 7) { h = (h * 31 + d[i]) | 0; } res(h); })); }""",
+            [box["x"] + box["width"] * 0.55, label_box["y"] + 13],
+        )
+    assert "start_us=" in zoomed.value.url and "end_us=" in zoomed.value.url
+    page.wait_for_function(
+        "(n) => Number(document.querySelector(\".lane-label[data-lane='6']\").dataset.spans) > n",
+        arg=before,
+        timeout=30_000,
+    )
+    hash_after = page.evaluate(
+        """() => new Promise(res => requestAnimationFrame(() => requestAnimationFrame(() => {
+        const c = document.getElementById('wf-canvas');
+        const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let h = 0;
+        for (let i = 0; i < d.length; i += 7) { h = (h * 31 + d[i]) | 0; } res(h); })))"""
+    )
+    assert hash_after != hash_before, "the fetched spans were drawn"
+    assert int(page.get_attribute("body", "data-detail-fetches")) >= 2
+    assert errors == []
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "waterfall-16x6000-zoomed.png"))
     page.close()

@@ -13,7 +13,10 @@
   };
   var AXIS_H = 26, LANE_H = 26, ROW_H = 15, MAX_ROWS = 60;
   var F_PROGRESS = 1, F_INSTANT = 2, F_ERROR = 4;
-  // row fields: [id, parent, name, phase, start_us, end_us, depth, flags, attrs]
+  // row fields: [id, parent, name, phase, start_us, end_us, depth, flags, attrs, pos]; parent and
+  // pos are positions in the lane's full span list (the first answer holds only part of a big
+  // run's spans: lanes not `complete` fetch the rest when opened or zoomed into)
+  var DETAIL_DELAY_MS = 150;
 
   var app = document.getElementById("app");
   if (!app) { return; }
@@ -27,7 +30,9 @@
   var data = null, lanes = [], fetchedAt = 0, totalUs = 1;
   var view = { t0: 0, t1: 1 }, userZoomed = false;
   var expanded = {}, selectedLane = -1;
-  var drag = null, rafPending = false, refreshTimer = null, animTimer = null;
+  var drag = null, rafPending = false, refreshTimer = null, animTimer = null, detailTimer = null;
+  var laneUrl = app.getAttribute("data-lane-url");
+  var detailFetches = 0;
 
   function phaseColor(phase) {
     if (PHASE_COLORS[phase]) { return PHASE_COLORS[phase]; }
@@ -61,35 +66,125 @@
     fetchedAt = performance.now();
     totalUs = Math.max(1, Math.round(json.duration_s * 1e6));
     lanes = json.lanes.map(function (lane) {
-      var spans = lane.spans || [];
-      var procIdx = -1;
-      for (var i = 0; i < spans.length; i++) {
-        if (spans[i][3] === "process" && spans[i][1] === -1) { procIdx = i; break; }
+      var ln = { info: lane, spans: [], byPos: {}, proc: null, top: [], overlay: [], rows: [], y: 0, h: LANE_H,
+                 complete: lane.complete !== false, minUs: lane.detail_min_us || 0, windows: [],
+                 pending: null, whole: null };
+      addRows(ln, lane.spans || []);
+      return ln;
+    });
+  }
+
+  function rowPos(s, i) { return s.length > 9 ? s[9] : i; }
+
+  // merge rows into a lane (by position; a row seen again replaces the old one) and re-index it
+  function addRows(ln, rows) {
+    for (var i = 0; i < rows.length; i++) {
+      var s = rows[i];
+      if (s.length < 10) { s = s.concat([i]); }
+      ln.byPos[s[9]] = s;
+    }
+    ln.spans = Object.keys(ln.byPos).map(function (k) { return ln.byPos[k]; });
+    ln.spans.sort(function (a, b) { return a[9] - b[9]; });
+    indexLane(ln);
+  }
+
+  function indexLane(ln) {
+    var spans = ln.spans, proc = null;
+    for (var i = 0; i < spans.length; i++) {
+      if (spans[i][3] === "process" && spans[i][1] === -1) { proc = spans[i]; break; }
+    }
+    var procPos = proc ? proc[9] : -2;
+    var top = [], overlay = [], rows = [], base = null;
+    for (var j = 0; j < spans.length; j++) {
+      var s = spans[j];
+      if (s === proc || s[3] === "startup") { continue; }
+      var isTop = s[1] === -1 || s[1] === procPos;
+      if (isTop) {
+        top.push(s);
+        if (base === null || s[6] < base) { base = s[6]; }
+      } else if (s[3] !== "import" && s[3] !== "other" && s[3] !== "interpreter") {
+        overlay.push(s);
       }
-      var top = [], overlay = [], rows = [], base = null;
-      for (var j = 0; j < spans.length; j++) {
-        var s = spans[j];
-        if (j === procIdx || s[3] === "startup") { continue; }
-        var isTop = s[1] === -1 || s[1] === procIdx;
-        if (isTop) {
-          top.push(s);
-          if (base === null || s[6] < base) { base = s[6]; }
-        } else if (s[3] !== "import" && s[3] !== "other" && s[3] !== "interpreter") {
-          overlay.push(s);
+    }
+    if (base === null) { base = 0; }
+    for (var k = 0; k < spans.length; k++) {
+      var sp = spans[k];
+      if (sp === proc || sp[3] === "startup") { continue; }
+      var d = sp[6] - base - 1;  // depth `base` is the lane's own row
+      if (d < 0) { continue; }
+      if (d >= MAX_ROWS) { d = MAX_ROWS - 1; }
+      while (rows.length <= d) { rows.push([]); }
+      rows[d].push(sp);
+    }
+    ln.proc = proc; ln.top = top; ln.overlay = overlay; ln.rows = rows;
+  }
+
+  // ------------------------------------------------------------------ lazily fetched detail
+  function fetchLane(i, params) {
+    var ln = lanes[i];
+    var q = [];
+    Object.keys(params || {}).forEach(function (k) { q.push(k + "=" + encodeURIComponent(params[k])); });
+    var url = laneUrl.replace("{lane}", String(i)) + (q.length ? "?" + q.join("&") : "");
+    var version = data.version;
+    detailFetches++;
+    document.body.setAttribute("data-detail-fetches", String(detailFetches));
+    return fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" })
+      .then(function (r) {
+        if (!r.ok) { throw new Error("HTTP " + r.status); }
+        return r.json();
+      })
+      .then(function (doc) {
+        if (!data || data.version !== version || lanes[i] !== ln) { return null; }  // reloaded meanwhile
+        addRows(ln, doc.spans);
+        if (doc.complete) { ln.complete = true; }
+        return doc;
+      });
+  }
+
+  // the whole lane, once (an opened lane draws every row and its import tree)
+  function ensureComplete(i) {
+    var ln = lanes[i];
+    if (ln.complete) { return Promise.resolve(ln); }
+    if (!ln.whole) {
+      ln.whole = fetchLane(i, {}).then(function () {
+        ln.whole = null;
+        resize();
+        return ln;
+      }, function (err) { ln.whole = null; throw err; });
+    }
+    return ln.whole;
+  }
+
+  // spans that the current zoom level shows at >= 1 px and the first answer left out
+  function scheduleDetail() {
+    if (detailTimer) { window.clearTimeout(detailTimer); }
+    detailTimer = window.setTimeout(function () { detailTimer = null; fetchDetail(); }, DETAIL_DELAY_MS);
+  }
+
+  function fetchDetail() {
+    if (!data) { return; }
+    var w = Math.max(1, canvas.getBoundingClientRect().width);
+    var pxUs = (view.t1 - view.t0) / w;
+    var lo = Math.max(0, Math.floor(view.t0)), hi = Math.ceil(view.t1);
+    var top = wrap.getBoundingClientRect().top, vh = window.innerHeight;
+    lanes.forEach(function (ln, i) {
+      if (ln.complete || ln.pending || pxUs >= ln.minUs) { return; }
+      var y = top + ln.y;
+      if (y > vh || y + ln.h < 0) { return; }  // off screen: fetched when scrolled to and zoomed again
+      var min = Math.floor(pxUs);
+      for (var k = 0; k < ln.windows.length; k++) {
+        var win = ln.windows[k];
+        if (win[0] <= lo && win[1] >= hi && win[2] <= min) { return; }  // already here
+      }
+      ln.pending = fetchLane(i, { start_us: lo, end_us: hi, min_us: min }).then(function (doc) {
+        ln.pending = null;
+        if (doc) {
+          ln.windows.push([lo, hi, min]);
+          if (ln.windows.length > 16) { ln.windows.shift(); }
+          buildLabels();
+          requestDraw();
         }
-      }
-      if (base === null) { base = 0; }
-      for (var k = 0; k < spans.length; k++) {
-        var sp = spans[k];
-        if (k === procIdx || sp[3] === "startup") { continue; }
-        var d = sp[6] - base - 1;  // depth `base` is the lane's own row
-        if (d < 0) { continue; }
-        if (d >= MAX_ROWS) { d = MAX_ROWS - 1; }
-        while (rows.length <= d) { rows.push([]); }
-        rows[d].push(sp);
-      }
-      return { info: lane, spans: spans, proc: procIdx >= 0 ? spans[procIdx] : null,
-               top: top, overlay: overlay, rows: rows, y: 0, h: LANE_H };
+      }, function () { ln.pending = null; });
     });
   }
 
@@ -120,6 +215,8 @@
       el.setAttribute("data-role", String(info.role || ""));
       el.setAttribute("data-rank", info.rank === null ? "" : String(info.rank));
       el.setAttribute("data-pid", info.pid === null ? "" : String(info.pid));
+      el.setAttribute("data-spans", String(ln.spans.length));
+      el.setAttribute("data-complete", ln.complete ? "true" : "false");
       el.style.height = ln.h + "px";
       el.title = (info.command || info.label) + (info.start_method ? " [" + info.start_method + "]" : "");
       var caret = document.createElement("span");
@@ -131,6 +228,11 @@
       var rest = document.createElement("span");
       rest.className = "ids";
       var parts = [];
+      if (info.node) {  // a run of several hosts: lanes grouped by node, its first lane marked
+        parts.push(info.node);
+        el.setAttribute("data-node", info.node);
+        if (i === 0 || lanes[i - 1].info.node !== info.node) { el.className += " node-first"; }
+      }
       if (info.rank !== null) { parts.push("rank " + info.rank); }
       if (info.pid !== null) { parts.push("pid " + info.pid); }
       rest.textContent = parts.join(" · ");
@@ -315,6 +417,7 @@
     view.t1 = view.t0 + ns;
     userZoomed = true;
     requestDraw();
+    scheduleDetail();
   }
 
   function locate(ev) {
@@ -425,8 +528,10 @@
       var hit = locate(ev);
       if (hit) { toggleLane(hit.lane); }
     }
+    if (drag && drag.moved) { scheduleDetail(); }
     drag = null;
   });
+  window.addEventListener("scroll", function () { if (userZoomed) { scheduleDetail(); } });
   canvas.addEventListener("mousemove", function (ev) {
     if (drag && drag.moved) { return; }
     showTooltip(locate(ev));
@@ -456,7 +561,17 @@
     var root = document.getElementById("tree-root");
     document.getElementById("tree-title").textContent = ln.info.label;
     while (root.firstChild) { root.removeChild(root.firstChild); }
-    var spans = ln.spans;
+    if (!ln.complete) {
+      var wait = document.createElement("p");
+      wait.className = "muted tree-loading";
+      wait.textContent = "loading the " + (ln.info.span_count || "") + " spans of this process…";
+      root.appendChild(wait);
+      panel.hidden = false;
+      ensureComplete(i).then(function () { if (selectedLane === i && lanes[i] === ln) { showTree(i); } },
+        function (err) { wait.textContent = "could not load this process's spans: " + err.message; });
+      return;
+    }
+    var spans = ln.spans;  // complete: the index in `spans` is the position
     var children = {};
     var roots = [];
     for (var k = 0; k < spans.length; k++) {
@@ -541,7 +656,9 @@
         prepare(json);
         if (first || !userZoomed) { resetView(); }
         resize();
+        lanes.forEach(function (ln, i) { if (expanded[i] && !ln.complete) { ensureComplete(i).catch(function () {}); } });
         if (selectedLane >= 0 && selectedLane < lanes.length && !first) { showTree(selectedLane); }
+        if (userZoomed) { scheduleDetail(); }
         var ind = document.getElementById("live-indicator");
         ind.hidden = !json.live;
         var st = document.getElementById("run-status");
@@ -579,5 +696,18 @@
     }, 2000);
   }
 
+  // ------------------------------------------------------------------ findings list
+  // A click on a finding opens the import tree of its first process (the list lives in #panels,
+  // which live refresh replaces: listen on the document).
+  function wireFindings() {
+    document.addEventListener("click", function (ev) {
+      var item = ev.target && ev.target.closest ? ev.target.closest("#findings-list [data-lanes]") : null;
+      if (!item || (ev.target.closest && ev.target.closest("summary, details"))) { return; }
+      var first = parseInt((item.getAttribute("data-lanes") || "").split(",")[0], 10);
+      if (!isNaN(first) && first >= 0 && first < lanes.length) { selectedLane = first; showTree(first); }
+    });
+  }
+
+  wireFindings();
   load(true);
 })();

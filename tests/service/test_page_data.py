@@ -1,0 +1,143 @@
+"""The page's data at any size: the first answer of `GET /startup/{run}` holds the spans of the
+first zoom level (a big run: part of them, within its budget), the rest comes lane by lane and
+window by window; the first answer is prebuilt after ingest and kept in the store, so a restarted
+service answers it without building the model."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+from st_service_helpers import flush
+from synth_runs import make_run, protobuf_batches, to_protobuf
+
+from starttrace.service.model_cache import FIRST_VIEW, ModelCache
+from starttrace.sources.store import Store
+from starttrace.views.startup_json import FIRST_ROWS, PAGE_FIELDS
+
+PB = {"Content-Type": "application/x-protobuf"}
+
+
+def _post(client: TestClient, run: Any, batch: int = 4096) -> None:
+    for body in protobuf_batches(run, batch):
+        assert client.post("/v1/traces", content=body, headers=PB).status_code == 200
+    flush(client)
+
+
+def test_small_run_is_sent_whole(client: TestClient) -> None:
+    run = make_run(ranks=2, imports_per_rank=40, run_id="small", seed=2)
+    _post(client, run)
+    doc = client.get("/startup/small").json()
+    assert doc["span_fields"] == PAGE_FIELDS and doc["first_answer"]["complete"]
+    rows = [r for lane in doc["lanes"] for r in lane["spans"]]
+    assert len(rows) == run.span_count
+    for lane in doc["lanes"]:
+        assert lane["complete"] and lane["detail_min_us"] == 0
+        assert [r[9] for r in lane["spans"]] == list(range(len(lane["spans"])))  # pos = index when whole
+
+
+def test_big_run_first_answer_and_lazy_detail(make_client: Callable[..., TestClient]) -> None:
+    client = make_client(prebuild_idle_s=None)
+    run = make_run(ranks=4, imports_per_rank=8000, run_id="big", seed=5)
+    _post(client, run)
+    r = client.get("/startup/big")
+    doc = r.json()
+    first = doc["first_answer"]
+    assert not first["complete"] and first["of_spans"] == run.span_count
+    assert first["spans"] <= FIRST_ROWS and len(r.content) < 2_000_000
+    assert "findings" in doc and doc["phases"]
+    full = client.get("/startup/big?spans=all").json()  # every span, as before
+    assert sum(len(ln["spans"]) for ln in full["lanes"]) == run.span_count
+    for lane, whole in zip(doc["lanes"], full["lanes"], strict=True):
+        by_pos = {r[9]: r for r in lane["spans"]}
+        for row in lane["spans"]:  # nothing in the first answer lost its parent
+            assert row[1] == -1 or row[1] in by_pos, row[2]
+        shown = {r[0] for r in lane["spans"]}
+        for row in whole["spans"]:
+            end = row[5] if row[5] is not None else row[4]
+            if row[3] != "import" or end - row[4] >= lane["detail_min_us"]:
+                assert row[0] in shown, (lane["label"], row[2])  # every span the first zoom shows
+        assert lane["complete"] == (len(lane["spans"]) == len(whole["spans"]))
+    worker = next(i for i, ln in enumerate(doc["lanes"]) if ln["role"] == "worker")
+    assert not doc["lanes"][worker]["complete"]
+    # a whole lane
+    lane = client.get(f"/startup/big/lanes/{worker}/spans").json()
+    assert lane["complete"] and len(lane["spans"]) == doc["lanes"][worker]["span_count"]
+    assert [r[:9] for r in lane["spans"]] == full["lanes"][worker]["spans"] and lane["version"] == doc["version"]
+    # a zoom window: spans overlapping it, at least min_us long
+    mid = int(doc["duration_s"] * 1e6) // 2
+    window = {"start_us": mid, "end_us": mid + 50_000, "min_us": 100}
+    part = client.get(f"/startup/big/lanes/{worker}/spans", params=window).json()
+    assert 0 < len(part["spans"]) < len(lane["spans"]) and not part["complete"]
+    for row in part["spans"]:
+        end = row[5] if row[5] is not None else row[4]
+        assert end >= mid and row[4] <= mid + 50_000
+        assert end - row[4] >= 100 or row[7] & 3
+    expected = [
+        r
+        for r in lane["spans"]
+        if (r[5] or r[4]) >= mid and r[4] <= mid + 50_000 and ((r[5] or r[4]) - r[4] >= 100 or r[7] & 3)
+    ]
+    assert part["spans"] == expected
+    limited = client.get(f"/startup/big/lanes/{worker}/spans", params={"limit": 10}).json()
+    assert len(limited["spans"]) == 10 and limited["truncated"]
+    assert client.get("/startup/big/lanes/99/spans").status_code == 404
+    assert client.get("/startup/nope/lanes/0/spans").json()["error"] == "run not found"
+    assert client.get(f"/startup/big/lanes/{worker}/spans", params={"min_us": -1}).status_code == 422
+
+
+def test_first_answer_survives_a_restart(tmp_path: Path) -> None:
+    db = tmp_path / "st.db"
+    store = Store(db)
+    cache = ModelCache(store, live_ttl_s=1.0, idle_s=None)
+    store.on_runs_written = cache.note_written
+    run = make_run(ranks=2, imports_per_rank=30, run_id="kept", seed=3)
+    from starttrace.sources.otlp import decode
+
+    store.ingest_now(decode(to_protobuf(run).SerializeToString()).batch)
+    body = cache.first_bytes("kept")
+    assert body is not None
+    assert store.load_view("kept", FIRST_VIEW) == (store.run_version("kept"), body)
+    store.close()
+    # a restarted service: a new store on the same file, nothing in memory
+    again = Store(db)
+    fresh = ModelCache(again, live_ttl_s=1.0, idle_s=None)
+    assert fresh.first_bytes("kept") == body
+    assert fresh._models == {}, "answered from the store, no model built"
+    assert fresh.head("kept")["run_id"] == "kept"
+    # new spans: a new version; the saved answer no longer applies
+    more = make_run(ranks=3, imports_per_rank=30, run_id="kept", seed=3)
+    again.ingest_now(decode(to_protobuf(more).SerializeToString()).batch)
+    assert fresh.first_bytes("kept") != body
+    assert "kept" in fresh._models
+    assert again.save_view("kept", FIRST_VIEW, 1, b"{}") is False  # an old version is not kept
+    again.delete_runs(["kept"])
+    assert again.load_view("kept", FIRST_VIEW) is None
+    again.close()
+
+
+def test_model_is_prebuilt_when_ingest_goes_idle(make_client: Callable[..., TestClient]) -> None:
+    client = make_client(prebuild_idle_s=0.05)
+    cache = client.app.state.cache  # type: ignore[attr-defined]
+    run = make_run(ranks=2, imports_per_rank=50, run_id="pre", seed=4)
+    _post(client, run)
+    deadline = time.monotonic() + 30
+    while (cache.pending or "pre" not in cache._first) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "pre" in cache._models and "pre" in cache._first and cache.prebuilt >= 1
+    assert client.app.state.store.load_view("pre", FIRST_VIEW) is not None  # type: ignore[attr-defined]
+    model = cache._models["pre"][2]
+    assert client.get("/startup/pre").status_code == 200
+    assert cache._models["pre"][2] is model, "the request used the prebuilt model"
+    assert client.get("/healthz").json()["models_pending"] == 0
+
+
+def test_html_page_from_the_first_answer(client: TestClient) -> None:
+    run = make_run(ranks=2, imports_per_rank=20, run_id="page", seed=6)
+    _post(client, run)
+    html = client.get("/startup/page", headers={"Accept": "text/html"}).text
+    assert 'data-lane-url="/startup/page/lanes/{lane}/spans"' in html
+    assert "worker" in html and 'id="rank-table"' in html
