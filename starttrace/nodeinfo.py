@@ -1,0 +1,72 @@
+"""Which host and clock domain a traced process runs in (hot path: imports nothing).
+
+A clock domain is a set of processes whose CLOCK_MONOTONIC is one clock: one kernel boot
+(`/proc/sys/kernel/random/boot_id`) and one time namespace (`readlink /proc/self/ns/time`; a time
+namespace offsets CLOCK_MONOTONIC, containers without one share the host's). The root process of a
+run reads them once and passes them on in the environment (`STARTTRACE_CLOCK_DOMAIN`,
+`STARTTRACE_HOST_ID`), so its children pay two dictionary lookups. Every process records them as
+resource attributes `starttrace.clock.domain` and `host.id` (the machine id, else the boot id).
+The kernel's NTP state is read off the hot path (`starttrace.clocksync`).
+"""
+
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import MutableMapping
+    from typing import Any
+else:  # annotations are evaluated at run time (no __future__ import: it would load a module)
+    Any = object
+    MutableMapping = dict
+
+ENV_CLOCK_DOMAIN = "STARTTRACE_CLOCK_DOMAIN"
+ENV_HOST_ID = "STARTTRACE_HOST_ID"
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(200).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+
+
+def time_namespace() -> str:
+    """The inode of this process's time namespace ("" without /proc or time namespaces)."""
+    try:
+        link = os.readlink("/proc/self/ns/time")  # "time:[4026531834]"
+    except OSError:
+        return ""
+    return link.partition("[")[2].rstrip("]")
+
+
+def clock_domain() -> tuple[str, str]:
+    """(clock domain, host id) of this process, read from /proc (the root does this once)."""
+    boot = _read("/proc/sys/kernel/random/boot_id")
+    if not boot:
+        boot = "host:" + os.uname().nodename
+    timens = time_namespace()
+    domain = f"{boot}/{timens}" if timens else boot
+    return domain, _read("/etc/machine-id") or boot
+
+
+def process_attrs(environ: MutableMapping[str, str], is_root: bool = False) -> dict[str, Any]:
+    """Resource attributes of this process: clock domain and host id (inherited from the run's
+    root through `environ`; a root reads them and puts them there for its children), plus what a
+    rank started for torch's env:// rendezvous names as its endpoint."""
+    domain = environ.get(ENV_CLOCK_DOMAIN)
+    host_id = environ.get(ENV_HOST_ID)
+    if is_root or not domain or not host_id:
+        domain, host_id = clock_domain()
+        environ[ENV_CLOCK_DOMAIN] = domain
+        environ[ENV_HOST_ID] = host_id
+    attrs: dict[str, Any] = {"starttrace.clock.domain": domain, "host.id": host_id}
+    if is_root:
+        job = getattr(sys.modules.get("starttrace.launchers"), "current", None)
+        if job is not None:
+            attrs.update(job.attrs())
+    addr, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
+    if addr and port:
+        attrs["starttrace.dist.master"] = f"{addr}:{port}"
+    return attrs
