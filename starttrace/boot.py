@@ -1,22 +1,24 @@
 """Activation: run creation, the process record, fork/exit hooks, probe installation.
 
 Called from the `starttrace.pth` line at interpreter start when STARTTRACE / VLLM_STARTTRACE is
-set. Standard library only, and only modules that are already loaded at that point (plus a few
-builtins), so that the traced program's own import record starts complete.
+set. Standard library only, and only modules that are already loaded at that point, so that the
+traced program's own import record starts complete: the two it needs beyond those (`atexit`, and
+`mmap` for the journal) are removed from `sys.modules` again and named in the process record
+(`footprint`, docs/journal.md). No `from __future__ import annotations`: it would load `__future__`.
 """
-
-from __future__ import annotations
 
 import os
 import sys
 from time import monotonic_ns, time_ns
 
-from starttrace import recorder
+from starttrace import journal, recorder
 from starttrace.journal import FORMAT_VERSION, JournalWriter, encode, quote
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+else:
+    Any = object  # annotations are evaluated at run time here (see the module docstring)
 
 SWITCH_VARS = ("STARTTRACE", "VLLM_STARTTRACE")
 ON_VALUES = frozenset({"1", "true", "on", "yes"})
@@ -116,6 +118,7 @@ def activate() -> None:
 
 
 def _activate() -> None:
+    before = set(sys.modules)  # what activation adds beyond starttrace's own is hidden or named
     state.exit_status = _NO_STATUS
     now = monotonic_ns()
     environ = os.environ
@@ -152,12 +155,17 @@ def _activate() -> None:
     state.created = created
     # Load every module starttrace needs before the process record lists what was preloaded,
     # so that none of starttrace's own imports shows up as the traced program's.
-    import atexit  # noqa: F401
-
+    _load_atexit()
+    from starttrace import nodeinfo  # noqa: F401  (used by _initial_identity, after the record)
     from starttrace.probes import load_all
 
     probes = load_all()
+    _hide_footprint(before)
     _open_journal(parent_span, launch_pid, created, now)
+    cost = journal.footprint.get("mmap")
+    if "mmap" not in sys.modules and cost is not None:
+        # the program's own `import mmap` will not load its shared library again: credit the cost
+        recorder.credit_import("mmap", cost)
     if state.is_root:
         _export_run_environment()
         _start_follower()
@@ -169,13 +177,18 @@ def _create_run(now: int) -> None:
     environ = os.environ
     trace_id, parent_span = parse_traceparent(environ.get("TRACEPARENT") or environ.get("traceparent") or "")
     state.is_root = True
-    state.trace_id = trace_id or os.urandom(16).hex()
+    from starttrace import launchers  # a job of several nodes: one run id and trace id for all of them
+
+    job = launchers.identify(environ, getattr(sys, "orig_argv", sys.argv), trace_id)
+    state.trace_id = (job.trace_id if job else trace_id) or os.urandom(16).hex()
     state.root_span = recorder.new_span_id()
     import time as _time  # a builtin module: importing it loads nothing new
 
     stamp = _time.strftime("%Y%m%d-%H%M%S", _time.gmtime())
     requested = environ.pop(ENV_NEW_RUN_ID, "")  # chosen by `starttrace run`, which reports it
     state.run_id = requested if requested.replace("-", "").isalnum() else f"{stamp}-{os.urandom(3).hex()}"
+    if job and not requested:
+        state.run_id = job.run_id
     root = environ.get(ENV_DIR) or default_journal_root()
     state.run_dir = os.path.join(os.path.abspath(root), state.run_id)
     try:
@@ -285,9 +298,10 @@ def process_start_monotonic(pid: int | str = "self") -> tuple[int, bytes] | None
 
 
 def process_creation_ns(now: int) -> int:
-    """Monotonic time of this process's creation (never later than `now`)."""
+    """Monotonic time of this process's creation (never later than `now`). A creation more than
+    an hour back is not believed: a faked clock (libfaketime fakes CLOCK_BOOTTIME too) says so."""
     started = process_start_monotonic()
-    return now if started is None else min(now, started[0])
+    return now if started is None or now - started[0] > 3_600_000_000_000 else min(now, started[0])
 
 
 def _process_record(parent_span: str | None, launch_pid: int | None, created: int, now: int) -> str:
@@ -314,6 +328,7 @@ def _process_record(parent_span: str | None, launch_pid: int | None, created: in
         "launch_pid": launch_pid,
         "root_span": state.root_span,
         "preloaded": sorted(sys.modules),
+        "footprint": journal.footprint,
         "python": sys.version.split()[0],
     }
     return encode(record) + "\n"
@@ -324,7 +339,7 @@ def _open_journal(parent_span: str | None, launch_pid: int | None, created: int,
     recorder.reseed_span_ids()
     state.instance_id = instance
     try:
-        writer = JournalWriter(os.path.join(state.run_dir, f"{os.getpid()}-{instance}.jsonl"))
+        writer = JournalWriter(os.path.join(state.run_dir, f"{os.getpid()}-{instance}"))
     except OSError as exc:
         recorder.report(
             f"cannot write journal in {state.run_dir}: {exc}; tracing is off in this process", key="journal-open"
@@ -384,6 +399,9 @@ def _initial_identity() -> None:
                 attrs[key] = int(value)
     elif state.is_root:
         attrs["starttrace.role"] = "main"
+    from starttrace import nodeinfo  # clock domain, host id, job keys (docs/multinode.md)
+
+    attrs.update(nodeinfo.process_attrs(environ, state.is_root))
     recorder.set_process_attrs(attrs)
 
 
@@ -392,10 +410,39 @@ def _is_multiprocessing_child() -> bool:
     return any("multiprocessing" in arg for arg in argv[1:3]) or "--multiprocessing-fork" in argv
 
 
-def _install_process_hooks() -> None:
-    import atexit  # builtin module
+# Modules that activation may load and can hide again: their state lives in the interpreter (atexit)
+# or they have none (__future__, mmap), so a second module object made by the program's own import
+# behaves like the first. Any other module activation loads stays and is named in the footprint.
+_HIDEABLE = frozenset({"__future__", "atexit", "mmap"})
+_atexit: Any = None
 
-    atexit.register(_at_exit)
+
+def _load_atexit() -> None:
+    """`atexit` (a builtin module, not loaded at interpreter start), without leaving it in sys.modules."""
+    global _atexit
+    modules = sys.modules
+    _atexit = modules.get("atexit")
+    if _atexit is None:
+        start = monotonic_ns()
+        import atexit
+
+        journal.footprint["atexit"] = monotonic_ns() - start
+        _atexit = atexit
+
+
+def _hide_footprint(before: set[str]) -> None:
+    """Remove from sys.modules what activation loaded beyond starttrace's own modules (see _HIDEABLE)."""
+    modules = sys.modules
+    for name in [m for m in modules if m not in before]:
+        if name == "starttrace" or name.startswith("starttrace."):
+            continue
+        if name in _HIDEABLE:
+            del modules[name]
+        journal.footprint.setdefault(name, None)
+
+
+def _install_process_hooks() -> None:
+    _atexit.register(_at_exit)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     if not getattr(os.fork, "__starttrace__", False):
         os.fork = _make_fork_wrapper(os.fork)

@@ -40,6 +40,9 @@ DirOption = Annotated[
     typer.Option("--dir", help="journal root (default: $STARTTRACE_DIR, else ~/.local/state/starttrace/runs)"),
 ]
 RunArgument = Annotated[str | None, typer.Argument(help="run id or a unique prefix of it; default: the newest run")]
+WideOption = Annotated[
+    bool, typer.Option("--wide", help="names whole, tables as wide as they need (default: fit the terminal, COLUMNS)")
+]
 
 
 class Format(StrEnum):
@@ -47,6 +50,11 @@ class Format(StrEnum):
     otlp_json = "otlp-json"
     perfetto = "perfetto"
     jaeger = "jaeger"
+
+
+class Detail(StrEnum):
+    full = "full"
+    summary = "summary"
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -60,9 +68,12 @@ def _root(directory: Path | None) -> Path:
 
 def _load(run: str | None, directory: Path | None) -> Run:
     try:
-        return read_run(find_run_dir(_root(directory), run))
+        the_run = read_run(find_run_dir(_root(directory), run))
     except ReaderError as exc:
         raise _fail(str(exc)) from None
+    from starttrace.analysis.clocks import correct_clocks
+
+    return correct_clocks(the_run, owned=True)  # the hosts of a multi-node run on one clock (docs/multinode.md)
 
 
 def _model(run: Run) -> Any:
@@ -85,13 +96,32 @@ def run(
     directory: DirOption = None,
     service: Annotated[str | None, typer.Option(help="service.name for every process of the run")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="no summary after the command")] = False,
+    preload: Annotated[
+        str | None,
+        typer.Option(
+            help="modules (mod,mod) added to the preload of every forkserver the command starts"
+            " (sets STARTTRACE_FORKSERVER_PRELOAD; what `starttrace advise RUN --preload-list` prints)"
+        ),
+    ] = None,
 ) -> None:
     """Run COMMAND with tracing switched on for its whole process tree, then summarize the run."""
+    # Long by design: one linear sequence (environment, child, signal forwarding, exit code); split, its steps would
+    # only pass the same dozen locals around.
+    extra_preload = _preload_option(preload)
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith("STARTTRACE_")
-        or k in ("STARTTRACE_MIN_IMPORT_US", "STARTTRACE_SERVICE_NAME", "STARTTRACE_DIR")
+        or k
+        in (
+            "STARTTRACE_MIN_IMPORT_US",
+            "STARTTRACE_SERVICE_NAME",
+            "STARTTRACE_DIR",
+            "STARTTRACE_OTLP_DETAIL",
+            "STARTTRACE_SUMMARY_IMPORTS",
+            "STARTTRACE_FORKSERVER_PRELOAD",
+            "STARTTRACE_STALL_S",
+        )
     }
     root = _root(directory).resolve()
     env["STARTTRACE"] = "1"
@@ -101,6 +131,8 @@ def run(
     env["STARTTRACE_NEW_RUN_ID"] = run_id
     if service:
         env["STARTTRACE_SERVICE_NAME"] = service
+    if extra_preload:
+        env["STARTTRACE_FORKSERVER_PRELOAD"] = ",".join(extra_preload)
     try:
         child = subprocess.Popen(command, env=env)
     except OSError as exc:
@@ -130,6 +162,17 @@ def run(
                 )
             )
     raise typer.Exit(code if code >= 0 else 128 - code)
+
+
+def _preload_option(value: str | None) -> list[str]:
+    """`--preload mod,mod`: dotted module names, else a clear error (exit 2)."""
+    if value is None:
+        return []
+    names = [part.strip() for part in value.split(",") if part.strip()]
+    bad = [n for n in names if not all(part.isidentifier() for part in n.split("."))]
+    if bad or not names:
+        raise _fail(f"--preload wants module names separated by commas, not {value!r}")
+    return list(dict.fromkeys(names))
 
 
 def _summary(run: Run) -> None:
@@ -181,12 +224,14 @@ def _run_row(path: Path) -> dict[str, Any]:
         meta = json.loads((path / "run.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         pass
-    journals = list(path.glob("*.jsonl"))
+    from starttrace.sources.journal_files import journal_files, journal_lines
+
+    journals = journal_files(path)  # one per process, either format version (docs/journal.md)
     status = "running"
     blobs = []
     for journal in journals:
         try:
-            blobs.append(journal.read_bytes())
+            blobs.append(b"\n".join(journal_lines(journal)))
         except OSError:
             continue
     if any(b'"n":"ready"' in blob for blob in blobs):
@@ -230,8 +275,9 @@ def report(
     as_json: Annotated[
         bool, typer.Option("--json", help="the waterfall model as JSON (what GET /startup returns)")
     ] = False,
+    wide: WideOption = False,
 ) -> None:
-    """Per-process startup report of a run: time to ready, phases, top imports, advice."""
+    """Per-process startup report of a run: findings, time to ready, phases, top imports."""
     the_run = _load(run_id, directory)
     model = _model(the_run)
     if as_json:
@@ -241,7 +287,7 @@ def report(
         return
     from starttrace.views.terminal import render_report
 
-    render_report(model, console)
+    render_report(model, console, wide=wide)
 
 
 @app.command()
@@ -249,12 +295,53 @@ def compare(
     run_a: Annotated[str, typer.Argument(help="run A (e.g. spawn)")],
     run_b: Annotated[str, typer.Argument(help="run B (e.g. forkserver)")],
     directory: DirOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="the comparison as JSON (what GET /compare returns)")] = False,
+    wide: WideOption = False,
 ) -> None:
-    """Run A vs run B: per phase, per rank, per module."""
+    """Run A vs run B: per phase, per rank, per module; A's preload advice predicted vs realised in B."""
     from starttrace.analysis.compare import compare as compare_models
     from starttrace.views.terminal import render_compare
 
-    render_compare(compare_models(_model(_load(run_a, directory)), _model(_load(run_b, directory))), console)
+    result = compare_models(_model(_load(run_a, directory)), _model(_load(run_b, directory)))
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        return
+    render_compare(result, console, wide=wide)
+
+
+@app.command()
+def advise(
+    run_id: RunArgument = None,
+    directory: DirOption = None,
+    preload_list: Annotated[
+        bool,
+        typer.Option(
+            "--preload-list",
+            help="end with one line: the modules to preload, comma-separated"
+            " (STARTTRACE_FORKSERVER_PRELOAD=$(starttrace advise RUN --preload-list | tail -n 1))",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="the findings as JSON")] = False,
+    wide: WideOption = False,
+) -> None:
+    """What to do about a run: its findings (preload, unused forkserver, CUDA before fork, stalled,
+    stragglers), each with an action."""
+    from starttrace.analysis.findings import preload_modules
+
+    model = _model(_load(run_id, directory))
+    modules = preload_modules(model.findings)
+    if as_json:
+        doc = {"run_id": model.run_id, "status": model.status, "findings": model.findings, "preload": modules}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        return
+    from starttrace.views.terminal import render_advise
+
+    render_advise(model, console, wide=wide)
+    if preload_list:
+        if not modules:
+            errors.print("starttrace: nothing to preload in this run (no preload finding)")
+        console.file.flush()
+        sys.stdout.write(",".join(modules) + "\n")  # never wrapped: the last line is the list
 
 
 @app.command()
@@ -268,8 +355,28 @@ def export(
     endpoint: Annotated[
         str | None, typer.Option(help="OTLP/HTTP endpoint (default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT)")
     ] = None,
+    detail: Annotated[
+        Detail,
+        typer.Option(
+            help="full: every span, the summary set marked starttrace.summary=true; summary: non-import"
+            " spans and each process's longest imports (what Jaeger and Tempo can hold)"
+        ),
+    ] = Detail.full,
+    summary_imports: Annotated[
+        str | None,
+        typer.Option(help="imports kept per process in the summary (default: $STARTTRACE_SUMMARY_IMPORTS, else 300)"),
+    ] = None,
 ) -> None:
     """Export a run: send it over OTLP/HTTP, or write OTLP/JSON, Perfetto or Jaeger UI JSON."""
+    from starttrace.views.export import ENV_SUMMARY_IMPORTS, export_document, parse_import_budget
+
+    try:
+        if summary_imports is not None:
+            budget = parse_import_budget(summary_imports, "--summary-imports")
+        else:
+            budget = parse_import_budget(os.environ.get(ENV_SUMMARY_IMPORTS))
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
     the_run = _load(run_id, directory)
     if format is Format.otlp:
         from starttrace.views.otlp import ExportError, export_run, traces_endpoint
@@ -278,14 +385,14 @@ def export(
         if not url:
             raise _fail("no endpoint: pass --endpoint or set OTEL_EXPORTER_OTLP_ENDPOINT")
         try:
-            sent = export_run(the_run, url)
+            sent = export_run(the_run, url, detail=detail.value, import_budget=budget)
         except ExportError as exc:
             raise _fail(str(exc), 1) from None
-        errors.print(f"starttrace: sent {sent} spans of run {the_run.run_id} to {url}")
+        errors.print(f"starttrace: sent {sent} spans of run {the_run.run_id} ({detail.value} detail) to {url}")
         return
-    from starttrace.views.export import export_document
 
-    text = json.dumps(export_document(the_run, format.value), separators=(",", ":"), default=str)
+    document = export_document(the_run, format.value, detail=detail.value, import_budget=budget)
+    text = json.dumps(document, separators=(",", ":"), default=str)
     if out is None:
         sys.stdout.write(text + "\n")
     else:
@@ -332,11 +439,19 @@ def demo(
     directory: DirOption = None,
     workdir: Annotated[Path | None, typer.Option(help="where the tiny model and logs go")] = None,
     tp: Annotated[int, typer.Option(help="tensor parallel size")] = 2,
-    method: Annotated[str, typer.Option(help="VLLM_WORKER_MULTIPROC_METHOD")] = "forkserver",
+    method: Annotated[
+        str,
+        typer.Option(
+            help="VLLM_WORKER_MULTIPROC_METHOD: spawn (what vLLM does on CPU anyway) or forkserver"
+            " (vLLM then also starts a forkserver in the API server: see the unused_forkserver finding)"
+        ),
+    ] = "spawn",
 ) -> None:
     """A traced real vLLM startup on CPU (tiny offline model, TP=2), then its per-rank report."""
     from starttrace.demo import run_demo
 
+    if method not in ("spawn", "forkserver", "fork"):
+        raise _fail(f"--method must be spawn, forkserver or fork, not {method!r}")
     code = run_demo(journal_root=_root(directory), workdir=workdir, tp=tp, method=method)
     raise typer.Exit(code)
 

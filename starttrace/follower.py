@@ -2,7 +2,9 @@
 
 When an OTLP endpoint is configured, the root traced process starts this as a detached helper
 process (never traced itself). It waits, cheaply, until the run is ready or its root process has
-exited, then sends every span of the run with the official OTLP/HTTP exporter; spans that were
+exited, then sends the run with the official OTLP/HTTP exporter at `STARTTRACE_OTLP_DETAIL` (`full`, the
+default: every span, the summary set marked; `summary`: that set only, with
+`STARTTRACE_SUMMARY_IMPORTS` imports per process, see analysis/detail.py); spans that were
 still open then are sent again, finished, when the root process exits. A failure (no collector
 listening, ...) is reported once on stderr; the traced processes never wait for any of this.
 
@@ -35,25 +37,46 @@ def _alive(pid: int) -> bool:
 
 
 class ReadyWatch:
-    """Scans only the new bytes of each journal for the `ready` record."""
+    """Scans only the new bytes of each journal file for the `ready` record.
+
+    Both journal versions: a version 2 segment ends in zero bytes (its unused part), so a scan
+    stops at the first zero byte and resumes there on the next poll."""
+
+    CHUNK = 1 << 16
+    OVERLAP = 32  # a record cut between two polls is seen whole on the next one
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.offsets: dict[Path, int] = {}
 
     def ready(self) -> bool:
+        from starttrace.sources.journal_files import all_journal_files
+
         found = False
-        for path in self.run_dir.glob("*.jsonl"):
+        try:
+            paths = all_journal_files(self.run_dir)
+        except OSError:
+            return False
+        for path in paths:
             offset = self.offsets.get(path, 0)
+            position = max(0, offset - self.OVERLAP)
+            carry = b""
             try:
                 with open(path, "rb") as handle:
-                    handle.seek(max(0, offset - 32))
-                    chunk = handle.read()
+                    handle.seek(position)
+                    while True:
+                        chunk = handle.read(self.CHUNK)
+                        stop = chunk.find(b"\0")
+                        data = chunk if stop < 0 else chunk[:stop]
+                        if b'"n":"ready"' in carry + data:
+                            found = True
+                        position += len(data)
+                        if stop >= 0 or len(chunk) < self.CHUNK:
+                            break
+                        carry = data[-self.OVERLAP :]
             except OSError:
                 continue
-            self.offsets[path] = offset + max(0, len(chunk) - min(32, offset))
-            if b'"n":"ready"' in chunk:
-                found = True
+            self.offsets[path] = max(offset, position)
         return found
 
 
@@ -62,9 +85,19 @@ def follow(run_dir: Path, root_pid: int, endpoint: str) -> int:
 
     # The exporter logs every retry; this process reports a failure once, itself.
     logging.getLogger("opentelemetry").setLevel(logging.CRITICAL)
+    from starttrace.analysis.detail import DEFAULT_DETAIL, DEFAULT_IMPORT_BUDGET
     from starttrace.sources.journal_reader import ReaderError, read_run
+    from starttrace.views.export import detail_from_env
     from starttrace.views.otlp import ExportError, http_exporter, send, to_readable_spans
 
+    try:
+        detail, budget = detail_from_env(os.environ)
+    except ValueError as exc:  # reported once; full detail loses nothing
+        print(f"starttrace: {exc}; exporting in full detail", file=sys.stderr)
+        detail, budget = DEFAULT_DETAIL, DEFAULT_IMPORT_BUDGET
+    from starttrace import clocksync
+
+    clock = clocksync.measure(endpoint)  # this node's NTP state and clock offset to the service
     watch = ReadyWatch(run_dir)
     while _alive(root_pid) and not watch.ready():
         time.sleep(POLL_S)
@@ -82,7 +115,12 @@ def follow(run_dir: Path, root_pid: int, endpoint: str) -> int:
             except ReaderError as exc:
                 print(f"starttrace: OTLP export of {run_dir.name} skipped: {exc}", file=sys.stderr)
                 return 2
-            spans = [s for s in to_readable_spans(run) if f"{s.context.span_id:016x}" not in finished]
+            run = clocksync.this_node(run, os.environ.get("STARTTRACE_ROOT_SPAN"), clock)
+            spans = [
+                s
+                for s in to_readable_spans(run, detail=detail, import_budget=budget)
+                if f"{s.context.span_id:016x}" not in finished
+            ]
             if final:
                 spans = [s for s in spans if not (s.attributes or {}).get("starttrace.in_progress")] or spans
             try:

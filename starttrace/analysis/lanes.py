@@ -19,6 +19,7 @@ from starttrace.analysis.model import (
     rank_slot,
     self_ns,
 )
+from starttrace.analysis.nodes import node_key, node_names, node_order
 from starttrace.analysis.phases import merge_intervals, phase_of, union_ns
 from starttrace.run import Process, Run, gc_paused
 
@@ -120,18 +121,18 @@ def _lane_of(p: Process, service: str | None) -> Lane:
 
 def _span_nodes(run: Run, lanes_by_id: dict[str, Lane]) -> tuple[list[SpanNode], dict[str, SpanNode]]:
     """One node per span, on its process's lane; the run's root spans go to the root process."""
-    root = run.root_process
+    owners = {s.span_id: run.root_owner(s) for s in run.root_spans}  # one root per node
     nodes: list[SpanNode] = []
     by_id: dict[str, SpanNode] = {}
     for process, s in run.all_spans():
-        owner = process or root
+        owner = process or owners.get(s.span_id)
         if owner is None:
             continue
         n = SpanNode()
         n.id = s.span_id
         n.parent = s.parent_id
         n.name = s.name
-        n.attrs = s.attrs or {}
+        n.attrs = s.attrs if s.attrs is not None else {}  # not `or`: keeps lazily decoded attrs undecoded
         n.phase = phase_of(s.name, n.attrs)
         n.start = s.start_ns
         n.in_progress = s.open
@@ -190,9 +191,21 @@ def _order_lanes(nodes: list[SpanNode], lanes_by_id: dict[str, Lane], t_first: i
             lane.start = lane.spans[0].start
         else:
             lane.start = t_first or 0
+    hosts = node_order(list(lanes_by_id.values()))  # several hosts: lanes by node, then role and rank
+    if len(hosts) > 1:
+        names = node_names(hosts)
+        for lane in lanes_by_id.values():
+            lane.node = names[node_key(lane)]
     ordered = sorted(
         lanes_by_id.values(),
-        key=lambda ln: (ROLE_ORDER.get(ln.role or "", 99), ln.rank is None, ln.rank or 0, ln.start, ln.id),
+        key=lambda ln: (
+            hosts[node_key(ln)],
+            ROLE_ORDER.get(ln.role or "", 99),
+            ln.rank is None,
+            ln.rank or 0,
+            ln.start,
+            ln.id,
+        ),
     )
     for i, lane in enumerate(ordered):
         lane.index = i

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-ROLE_ORDER = {"api_server": 0, "engine_core": 1, "forkserver": 2, "worker": 3, "helper": 4, "main": 5}
+ROLE_ORDER = {"api_server": 0, "engine_core": 1, "forkserver": 2, "worker": 3, "child": 4, "helper": 5, "main": 6}
 
 NAME_PHASES = {
     "startup": "startup",
@@ -51,6 +51,7 @@ TOP_HOTSPOTS = 200
 
 class SpanNode:
     __slots__ = (
+        "_module",
         "attrs",
         "children",
         "depth",
@@ -83,12 +84,17 @@ class SpanNode:
 
     @property
     def module(self) -> str | None:
+        # cached: the analysis asks for it ~6 times per import span, and attributes may be decoded
+        # lazily from stored protobuf bytes on every lookup (sources/lazy_attrs.py)
+        try:
+            return self._module
+        except AttributeError:
+            pass
         mod = self.attrs.get("starttrace.import.module")
-        if isinstance(mod, str):
-            return mod
-        if self.name.startswith("import "):
-            return self.name[7:]
-        return None
+        if not isinstance(mod, str):
+            mod = self.name[7:] if self.name.startswith("import ") else None
+        self._module = mod
+        return mod
 
 
 @dataclass
@@ -123,10 +129,17 @@ class Lane:
     top_imports: list[tuple[str, int]] = field(default_factory=list)
     in_progress: list[SpanNode] = field(default_factory=list)
     launched_by: SpanNode | None = None  # the launch/fork span (in another lane) that made it
+    node: str | None = None  # its host, in a run of several nodes (analysis/nodes.py)
 
     @property
     def label(self) -> str:
+        """`role rank R pid P`; a generic multiprocessing child (`child`) by its Process name and
+        target: `Worker-0 (rank_main) pid P`."""
         text = self.role or "process"
+        name = self.resource.get("starttrace.process_name")
+        if self.role == "child" and self.rank is None and isinstance(name, str) and name:
+            target = self.resource.get("starttrace.process_target")
+            text = f"{name} ({target})" if isinstance(target, str) and target and target != name else name
         if self.rank is not None:
             text += f" rank {self.rank}"
         if self.pid is not None:
@@ -166,6 +179,7 @@ class RunModel:
     version: int = 0
     updated_at: float | None = None
     source: str | None = None
+    findings: list[dict[str, Any]] = field(default_factory=list)  # analysis.findings (docs/findings.md)
 
     @property
     def live(self) -> bool:

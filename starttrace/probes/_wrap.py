@@ -115,6 +115,8 @@ def traced(
     is reported once and the call goes on. A nested call with the same span name on the same
     thread (a subclass calling super()) records no second span.
     """
+    # Long by design: a wrapper factory: the sync and async wrappers are closures over the same locals, defined
+    # together.
     base: Attrs = {"starttrace.phase": phase}
     idle = phase == "idle"
     if attrs:

@@ -12,9 +12,10 @@ only, and nothing at all until a hook fires):
   that triggered it is the span's parent chain (the recorder nests spans per thread).
 - `torch.cuda.set_device` and `torch.accelerator.set_device_index`: span `cuda.set_device`.
 - `torch.distributed.init_process_group`: span `dist.init` (phase `dist_init`) with backend,
-  init method, rank and world size; afterwards the process learns its rank (`starttrace.rank`,
-  `starttrace.world_size`, `starttrace.local_rank` from LOCAL_RANK) unless a more specific probe
-  (vLLM's WorkerProc) already set it.
+  init method, rank and world size. The process learns its rank (`starttrace.rank`,
+  `starttrace.world_size`, `starttrace.local_rank` from LOCAL_RANK) when the call starts, from its
+  arguments or the RANK/WORLD_SIZE it reads (so a rank waiting in it is labelled), and again from
+  the process group once it returns, unless a more specific probe (vLLM's WorkerProc) set it.
 
 The wrapping helpers (`traced`, `patch`, `note_attached`) live in `probes/_wrap.py`.
 """
@@ -62,6 +63,7 @@ def install() -> None:
     """Register the post-import hooks (called by boot at activation; cheap)."""
     recorder.when_imported("torch.cuda", _patch_cuda)
     recorder.when_imported("torch.distributed", _patch_distributed)
+    recorder.when_imported("torch.distributed", _patch_collectives)
     recorder.when_imported("torch.accelerator", _patch_accelerator)
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
@@ -284,6 +286,7 @@ def _patch_distributed(dist: Any) -> None:
                     attrs[f"starttrace.dist.{key}"] = value
             if values.get("device_id") is not None:
                 attrs["starttrace.dist.device_id"] = _device_attr(values["device_id"])
+            _identity_at_call(values)
         except Exception:
             pass
         span_id = _begin_quietly("dist.init", attrs)
@@ -307,6 +310,29 @@ def _patch_distributed(dist: Any) -> None:
     publish_probe_list()
 
 
+def _identity_at_call(values: Attrs) -> None:
+    """The rank is known when init_process_group is called (its arguments, else the RANK,
+    WORLD_SIZE and LOCAL_RANK it reads from the environment), not only once it returns: a rank
+    that waits in it for the others is labelled as that rank."""
+    environ = os.environ
+    learnt: Attrs = {}
+    known = recorder.process_attrs
+    for key, env_name in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
+        value = values.get(key)
+        if not (isinstance(value, int) and value >= 0):
+            raw = environ.get(env_name, "")
+            value = int(raw) if raw.isdigit() else None
+        if value is not None and f"starttrace.{key}" not in known:
+            learnt[f"starttrace.{key}"] = value
+    local_rank = environ.get("LOCAL_RANK", "")
+    if "starttrace.local_rank" not in known and local_rank.isdigit():
+        learnt["starttrace.local_rank"] = int(local_rank)
+    if "starttrace.rank" in learnt and known.get("starttrace.role") in (None, "", "main", "helper", "child"):
+        learnt["starttrace.role"] = "worker"
+    if learnt:
+        set_role_and_attrs(learnt)
+
+
 def _after_init_process_group(dist: Any, span_id: str) -> None:
     try:
         rank = int(dist.get_rank())
@@ -326,13 +352,125 @@ def _after_init_process_group(dist: Any, span_id: str) -> None:
         local_rank = os.environ.get("LOCAL_RANK", "")
         if "starttrace.local_rank" not in known and local_rank.isdigit():
             learnt["starttrace.local_rank"] = int(local_rank)
-        if known.get("starttrace.role") in (None, "", "main", "helper"):
+        if known.get("starttrace.role") in (None, "", "main", "helper", "child"):
             learnt["starttrace.role"] = "worker"
         if learnt:
             set_role_and_attrs(learnt)
     except Exception as exc:
         _end_quietly(span_id)
         recorder.report(f"dist.init probe failed: {type(exc).__name__}: {exc}", key="dist.init.end")
+
+
+# --------------------------------------------------------------------------------------------
+# torch.distributed collectives: clock sync points (docs/multinode.md)
+#
+# The first blocking barrier / all_reduce / all_gather of each process group becomes a span
+# (`dist.barrier`, ...; phase dist_init). No rank leaves such a collective before the last one
+# entered it, and all leave within a short time of each other: `analysis.clocks` aligns the clocks
+# of hosts on these spans. Later calls, async calls and calls on groups this rank is not in go
+# straight to torch (one set lookup). A NCCL all_reduce on a device tensor returns once queued,
+# not when done: only a barrier or a CPU tensor's collective is marked as a sync point.
+
+# name, index of the `group` argument, index of `async_op`, index of the tensor (-1: none)
+_COLLECTIVES = (("barrier", 0, 1, -1), ("all_reduce", 2, 3, 0), ("all_gather", 2, 3, 1))
+MAX_SYNC_GROUPS = 256
+
+
+class _SyncState:
+    seen: set[int] = set()  # id() of the groups whose first collective this process recorded (0: default)
+
+
+_sync = _SyncState()
+
+
+def _patch_collectives(dist: Any) -> None:
+    for name, group_at, async_at, tensor_at in _COLLECTIVES:
+        original = getattr(dist, name, None)
+        if original is None or getattr(original, "__starttrace__", False):
+            continue
+        try:
+            setattr(dist, name, _collective_wrapper(dist, original, name, group_at, async_at, tensor_at))
+        except Exception:
+            continue
+        note_attached(f"torch.distributed.{name}")
+    publish_probe_list()
+
+
+def _collective_wrapper(
+    dist: Any, original: Callable[..., Any], name: str, group_at: int, async_at: int, tensor_at: int
+) -> Callable[..., Any]:
+    seen = _sync.seen
+
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        if recorder._writer is None or len(seen) >= MAX_SYNC_GROUPS:
+            return original(*args, **kwargs)
+        group = args[group_at] if len(args) > group_at else kwargs.get("group")
+        key = 0 if group is None else id(group)
+        if key in seen:
+            return original(*args, **kwargs)
+        if args[async_at] if len(args) > async_at else kwargs.get("async_op", False):
+            return original(*args, **kwargs)
+        seen.add(key)
+        tensor = None
+        if tensor_at >= 0:
+            tensor = args[tensor_at] if len(args) > tensor_at else kwargs.get("tensor")
+        span_id = _begin_collective(dist, name, group, tensor)
+        if not span_id:
+            return original(*args, **kwargs)
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            _end_quietly(span_id, None, f"{type(exc).__name__}: {exc}")
+            raise
+        _end_quietly(span_id)
+        return result
+
+    return _mark(collective, original)
+
+
+def _begin_collective(dist: Any, name: str, group: Any, tensor: Any) -> str:
+    """Begin the span of a group's first collective ("" when this rank is not in the group)."""
+    try:
+        rank = int(dist.get_rank())
+        world = getattr(getattr(dist, "group", None), "WORLD", None)
+        if group is None or group is world:
+            size = int(dist.get_world_size())
+            key = f"world/{size}"
+        else:
+            ranks = [int(r) for r in dist.get_process_group_ranks(group)]
+            if rank not in ranks:
+                return ""
+            size = len(ranks)
+            key = _ranks_key(ranks)
+        device = getattr(getattr(tensor, "device", None), "type", None) if tensor is not None else None
+        attrs: Attrs = {
+            "starttrace.phase": "dist_init",
+            "starttrace.dist.collective": name,
+            "starttrace.dist.group": key,
+            "starttrace.dist.group_size": size,
+            "starttrace.dist.rank": rank,
+            "starttrace.dist.sync": name == "barrier" or device in (None, "cpu"),
+        }
+        if isinstance(device, str):
+            attrs["starttrace.dist.device"] = device
+    except Exception as exc:
+        recorder.report(f"collective probe failed: {type(exc).__name__}: {exc}", key="dist.collective")
+        return ""
+    return _begin_quietly(f"dist.{name}", attrs)
+
+
+def _ranks_key(ranks: list[int]) -> str:
+    """The same text on every member of a group: `ranks/0-7` when contiguous, else the list."""
+    ordered = sorted(ranks)
+    if ordered and ordered == list(range(ordered[0], ordered[0] + len(ordered))):
+        return f"ranks/{ordered[0]}-{ordered[-1]}"
+    text = ",".join(str(r) for r in ordered)
+    if len(text) <= 200:
+        return "ranks/" + text
+    digest = 0xCBF29CE484222325  # FNV-1a 64: the same on every rank (str hashes are salted per process)
+    for byte in text.encode():
+        digest = ((digest ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"ranks/{len(ordered)}:{digest:016x}"
 
 
 # --------------------------------------------------------------------------------------------

@@ -25,9 +25,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from starttrace.analysis.compare import compare
-from starttrace.analysis.lanes import build_model
+from starttrace.analysis.detail import DEFAULT_IMPORT_BUDGET
 from starttrace.analysis.model import RunModel
-from starttrace.run import Run
+from starttrace.service.model_cache import ModelCache
 from starttrace.service.otlp_receiver import DEFAULT_MAX_BODY, handle_traces
 from starttrace.sources.journal_watcher import JournalWatcher
 from starttrace.sources.store import Store
@@ -35,7 +35,6 @@ from starttrace.views import html
 from starttrace.views import prometheus as metrics
 from starttrace.views.export import export_document
 from starttrace.views.html import PHASE_COLORS
-from starttrace.views.json import to_json
 
 
 def default_db_path() -> Path:
@@ -71,82 +70,9 @@ class Settings:
     poll_s: float = 1.0
     retry_after_s: int = 2
     live_model_ttl_s: float = 1.0
+    prebuild_idle_s: float | None = 0.3  # build a run's model this long after its last ingest; None: on request only
     start_background: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-class ModelCache:
-    """Waterfall models (and their JSON bytes) per run, rebuilt when the run's data changes (and at
-    most once per `live_ttl_s` while a run is live, for its growing in-progress spans)."""
-
-    def __init__(self, store: Store, live_ttl_s: float) -> None:
-        self.store = store
-        self.live_ttl_s = live_ttl_s
-        self._lock = threading.Lock()
-        self._run_locks: dict[str, threading.Lock] = {}
-        self._models: dict[str, tuple[int, float, RunModel]] = {}
-        self._json: dict[str, tuple[int, float, bytes]] = {}
-        self._runs: dict[str, Run] = {}
-
-    def _run_lock(self, run_id: str) -> threading.Lock:
-        with self._lock:
-            lock = self._run_locks.get(run_id)
-            if lock is None:
-                lock = self._run_locks[run_id] = threading.Lock()
-            return lock
-
-    def _fresh(self, entry: tuple[int, float, Any] | None, version: int, live: bool) -> bool:
-        if entry is None or entry[0] != version:
-            return False
-        return not live or time.monotonic() - entry[1] < self.live_ttl_s
-
-    def model(self, run_id: str) -> RunModel | None:
-        version = self.store.run_version(run_id)
-        if version is None:
-            return None
-        entry = self._models.get(run_id)
-        if entry is not None and self._fresh(entry, version, entry[2].live):
-            return entry[2]
-        with self._run_lock(run_id):
-            entry = self._models.get(run_id)
-            if entry is not None and self._fresh(entry, version, entry[2].live):
-                return entry[2]
-            run = self.store.load_run(run_id)
-            if run is None:
-                return None
-            model = build_model(run)
-            self._models[run_id] = (run.version, time.monotonic(), model)
-            self._runs[run_id] = run
-            if len(self._models) > 64:
-                oldest = sorted(self._models.items(), key=lambda kv: kv[1][1])[: len(self._models) - 64]
-                for key, _ in oldest:
-                    self._models.pop(key, None)
-                    self._json.pop(key, None)
-                    self._runs.pop(key, None)
-            return model
-
-    def run(self, run_id: str) -> Run | None:
-        """The run behind the current model (what exports render)."""
-        if self.model(run_id) is None:
-            return None
-        return self._runs.get(run_id)
-
-    def json_bytes(self, run_id: str) -> bytes | None:
-        model = self.model(run_id)
-        if model is None:
-            return None
-        entry = self._json.get(run_id)
-        if entry is not None and entry[0] == model.version and entry[1] == id(model):
-            return entry[2]
-        data = json.dumps(to_json(model), separators=(",", ":"), default=str).encode()
-        self._json[run_id] = (model.version, id(model), data)  # type: ignore[assignment]
-        return data
-
-    def forget(self, run_ids: list[str]) -> None:
-        for rid in run_ids:
-            self._models.pop(rid, None)
-            self._json.pop(rid, None)
-            self._runs.pop(rid, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,11 +193,13 @@ def _parse_time(value: str | None) -> int | None:
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
+    # Long by design: FastAPI routes are closures over the app's store, cache and settings; each route is short.
     settings = settings or Settings()
     counters = metrics.Counters()
     db = settings.db if settings.db is not None else default_db_path()
     store = Store(db, queue_max_spans=settings.queue_max_spans, on_stored=counters.add_ingested)
-    cache = ModelCache(store, settings.live_model_ttl_s)
+    cache = ModelCache(store, settings.live_model_ttl_s, settings.prebuild_idle_s)
+    store.on_runs_written = cache.note_written
     watcher = (
         JournalWatcher(Path(settings.journal_dir), store, settings.poll_s, settings.retention_s)
         if settings.journal_dir
@@ -290,6 +218,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.start_background:
             store.start()
+            cache.start()
             if settings.retention_s is not None:
                 cache.forget(store.expire(settings.retention_s))
             if watcher is not None:
@@ -302,6 +231,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if watcher is not None:
                 watcher.stop()
             store.stop()
+            cache.stop()
 
     app = FastAPI(
         title="starttrace",
@@ -325,6 +255,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "status": "ok",
             "queued_spans": store.queued_spans,
             "store_errors": store.errors[-5:],
+            "models_pending": cache.pending,
+            "model_errors": cache.errors[-5:],
             "journal_errors": watcher.errors[-5:] if watcher else [],
         }
 
@@ -343,6 +275,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return await handle_traces(
             request, store, settings.max_body_bytes, counters.add_request, settings.retry_after_s
         )
+
+    @app.get("/v1/clock")
+    def clock() -> dict[str, int]:
+        """The service's wall clock, for the exporters' NTP-style exchange (starttrace/clocksync.py)."""
+        return {"time_ns": time.time_ns()}
 
     @app.get("/runs")
     def runs(
@@ -363,12 +300,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     def _startup(request: Request, run_id: str) -> Response:
         if wants_html(request):
-            model = cache.model(run_id)
-            if model is None:
+            data = cache.head(run_id)
+            if data is None:
                 return not_found(run_id)
-            data = to_json(model, include_spans=False)
-            return render("startup.html", run=data, model=model, phase_colors=PHASE_COLORS)
-        body = cache.json_bytes(run_id)
+            return render("startup.html", run=data, phase_colors=PHASE_COLORS)
+        every_span = request.query_params.get("spans") == "all"
+        body = cache.json_bytes(run_id) if every_span else cache.first_bytes(run_id)
         if body is None:
             return not_found(run_id)
         return Response(body, media_type="application/json")
@@ -386,17 +323,40 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         """One run's waterfall model (JSON; HTML when the client prefers text/html)."""
         return _startup(request, run_id)
 
+    @app.get("/startup/{run_id}/lanes/{lane}/spans")
+    def lane_spans(
+        run_id: str,
+        lane: int,
+        start_us: int | None = Query(None, description="window start, µs after the run start"),
+        end_us: int | None = Query(None, description="window end, µs after the run start"),
+        min_us: int = Query(0, ge=0, description="only spans at least this long (instants always)"),
+        limit: int = Query(50_000, ge=1, le=1_000_000, description="at most this many spans, longest first"),
+    ) -> Response:
+        """One lane's spans in a time window, for the page's zoom and opened lanes (docs/service.md)."""
+        detail = cache.lane(run_id, lane, start_us=start_us, end_us=end_us, min_us=min_us, limit=limit)
+        if detail is None:
+            return not_found(run_id)
+        if detail is False:
+            return JSONResponse({"error": "lane not found", "run_id": run_id, "lane": lane}, status_code=404)
+        return Response(json.dumps(detail, separators=(",", ":"), default=str), media_type="application/json")
+
     @app.get("/runs/{run_id}/export")
-    def export(run_id: str, format: str = Query("perfetto", pattern="^(perfetto|jaeger|otlp-json)$")) -> Response:
+    def export(
+        run_id: str,
+        format: str = Query("perfetto", pattern="^(perfetto|jaeger|otlp-json)$"),
+        detail: str = Query("full", pattern="^(full|summary)$", description="full, or summary (what Jaeger holds)"),
+        summary_imports: int = Query(DEFAULT_IMPORT_BUDGET, ge=0, le=1_000_000, description="imports kept per process"),
+    ) -> Response:
         run = cache.run(run_id)
         if run is None:
             return not_found(run_id)
-        data = export_document(run, format)
+        data = export_document(run, format, detail=detail, import_budget=summary_imports)
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
+        suffix = "" if detail == "full" else f".{detail}"
         return Response(
             json.dumps(data, separators=(",", ":"), default=str),
             media_type="application/json",
-            headers={"Content-Disposition": f'attachment; filename="{safe}.{format}.json"'},
+            headers={"Content-Disposition": f'attachment; filename="{safe}{suffix}.{format}.json"'},
         )
 
     @app.get("/compare")

@@ -19,7 +19,7 @@ def serve(
     """Serve the OTLP receiver, the API and the web page until interrupted.
 
     `db`: SQLite file (default `$XDG_STATE_HOME/starttrace/starttrace.db`); `journal_dir`: a journal
-    root (`ROOT/<run_id>/*.jsonl`) to watch; `token`: bearer token required on every endpoint but
+    root (`ROOT/<run_id>/<journals>`) to watch; `token`: bearer token required on every endpoint but
     /healthz (default: `$STARTTRACE_TOKEN`); `retention`: drop runs older than this ('7d', '12h').
     """
     import uvicorn

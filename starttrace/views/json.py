@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, RunModel, SpanNode
+from starttrace.analysis.nodes import node_rows
 
 SPAN_FIELDS = ["id", "parent", "name", "phase", "start_us", "end_us", "depth", "flags", "attrs"]
 FLAG_IN_PROGRESS, FLAG_INSTANT, FLAG_ERROR = 1, 2, 4
@@ -57,6 +58,8 @@ def to_json(model: RunModel, include_spans: bool = True) -> dict[str, Any]:
         "import_hotspots": model.hotspots[:100],
         "preload_advice": model.preload_advice,
         "cuda_audit": model.cuda_audit,
+        "nodes": node_rows(model),  # several hosts: host, clock offset and error per node (docs/multinode.md)
+        "findings": model.findings,  # docs/findings.md; preload_advice and cuda_audit are their older forms
     }
 
 
@@ -75,6 +78,7 @@ def _lane_json(model: RunModel, lane: Lane) -> dict[str, Any]:
         "start_method": lane.start_method,
         "service": lane.service,
         "host": lane.host,
+        "node": lane.node,
         "command": lane.command,
         "exited": lane.exited,
         "exit_code": lane.exit_code,

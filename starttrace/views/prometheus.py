@@ -50,6 +50,7 @@ class StartTraceCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
+        # Long by design: one metric family after the other, each a few lines, in the order /metrics lists them.
         phase = GaugeMetricFamily(
             "starttrace_phase_duration_seconds",
             "Seconds a process spent in a startup phase (union of its spans of that phase).",

@@ -63,7 +63,8 @@ def _imports() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
+                    parts = package.split(".")
+                    base = ".".join([*parts[: len(parts) - node.level + 1], base]).strip(".")
                 deps.add(base)
                 deps.update(f"{base}.{alias.name}" for alias in node.names)
         graph[module] = deps
