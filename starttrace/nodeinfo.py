@@ -61,6 +61,11 @@ def process_attrs(environ: MutableMapping[str, str], is_root: bool = False) -> d
         domain, host_id = clock_domain()
         environ[ENV_CLOCK_DOMAIN] = domain
         environ[ENV_HOST_ID] = host_id
+    else:
+        # the boot id is the kernel's and cannot change below the root; the time namespace can
+        # (a child started with `unshare --time`): that is one readlink, read by every process
+        timens = time_namespace()
+        domain = domain.partition("/")[0] + (f"/{timens}" if timens else "")
     attrs: dict[str, Any] = {"starttrace.clock.domain": domain, "host.id": host_id}
     if is_root:
         job = getattr(sys.modules.get("starttrace.launchers"), "current", None)

@@ -24,6 +24,16 @@ from pathlib import Path
 from typing import Any
 
 
+def int_or_none(value: Any) -> int | None:
+    """An attribute value as an int (None for a missing, bool or non-numeric value)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector while a run or its model is built: that allocates several

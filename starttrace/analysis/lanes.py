@@ -21,16 +21,7 @@ from starttrace.analysis.model import (
 )
 from starttrace.analysis.nodes import node_key, node_names, node_order
 from starttrace.analysis.phases import merge_intervals, phase_of, union_ns
-from starttrace.run import Process, Run, gc_paused
-
-
-def _int(value: Any) -> int | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
+from starttrace.run import Process, Run, gc_paused, int_or_none
 
 
 def _str(value: Any) -> str | None:
@@ -101,12 +92,12 @@ def _lane_of(p: Process, service: str | None) -> Lane:
     return Lane(
         index=-1,
         id=p.instance_id,
-        pid=p.pid if p.pid else _int(res.get("process.pid")),
-        ppid=p.ppid if p.ppid else _int(res.get("process.parent_pid")),
+        pid=p.pid if p.pid else int_or_none(res.get("process.pid")),
+        ppid=p.ppid if p.ppid else int_or_none(res.get("process.parent_pid")),
         role=_str(res.get("starttrace.role")) or None,
-        rank=_int(res.get("starttrace.rank")),
-        local_rank=_int(res.get("starttrace.local_rank")),
-        world_size=_int(res.get("starttrace.world_size")),
+        rank=int_or_none(res.get("starttrace.rank")),
+        local_rank=int_or_none(res.get("starttrace.local_rank")),
+        world_size=int_or_none(res.get("starttrace.world_size")),
         start_method=_str(res.get("starttrace.start_method")),
         service=_str(res.get("service.name")) or service,
         host=_str(res.get("host.name")),

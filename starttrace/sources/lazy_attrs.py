@@ -22,23 +22,13 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from starttrace.sources.otlp import varint
+
 _MISSING = object()
 _ATTR_TAG = b"J"  # Span.attributes: field 9, length-delimited
 _UNKNOWN = object()
 _KEY_PATTERNS: dict[str, bytes] = {}
 _JSON_KEYS: dict[str, str] = {}
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        low = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(low | 0x80)
-        else:
-            out.append(low)
-            return bytes(out)
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -59,7 +49,7 @@ def _pattern(key: str) -> bytes:
     pattern = _KEY_PATTERNS.get(key)
     if pattern is None:
         raw = key.encode()
-        pattern = _KEY_PATTERNS[key] = b"\n" + _varint(len(raw)) + raw + b"\x12"
+        pattern = _KEY_PATTERNS[key] = b"\n" + varint(len(raw)) + raw + b"\x12"
     return pattern
 
 
@@ -79,7 +69,7 @@ def peek_protobuf(raw: bytes, key: str) -> Any:
         if size == 0 or end > len(raw):
             return _UNKNOWN
         # a top-level `Span.attributes` entry (field 9), not one of an event's or a link's
-        head = _ATTR_TAG + _varint(end - at)
+        head = _ATTR_TAG + varint(end - at)
         if at < len(head) or raw[at - len(head) : at] != head:
             return _UNKNOWN
         tag = raw[pos]

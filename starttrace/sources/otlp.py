@@ -127,7 +127,7 @@ _SCOPE_KEY = "otel.scope.name"
 _MAX_NS = (1 << 63) - 1  # SQLite integers are signed 64-bit
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
     out = bytearray()
     while True:
         low = n & 0x7F
@@ -229,7 +229,7 @@ def _scope_suffix(scope: str) -> bytes:
     """A serialized `Span.attributes` entry `otel.scope.name = scope`, appended to a span's bytes
     (a repeated field may be continued anywhere in a message: it parses as one more attribute)."""
     kv = KeyValue(key=_SCOPE_KEY, value=AnyValue(string_value=scope)).SerializeToString()
-    return _ATTR_TAG + _varint(len(kv)) + kv
+    return _ATTR_TAG + varint(len(kv)) + kv
 
 
 def _in_progress(span: Span) -> bool:

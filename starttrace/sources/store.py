@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starttrace.run import Link, Process, Run, Span, gc_paused
+from starttrace.run import Link, Process, Run, Span, gc_paused, int_or_none
 from starttrace.sources.batches import IngestBatch, ProcessBatch, SpanTuple
 from starttrace.sources.lazy_attrs import LazyAttrs
 from starttrace.sources.otlp import span_attrs
@@ -205,15 +205,6 @@ _span_key = operator.itemgetter(0)  # span_id: the first column of the unique in
 
 class StoreSaturated(Exception):
     """The ingest queue is full: the client should retry later."""
-
-
-def _int_or_none(value: Any) -> int | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
 
 
 class Store:
@@ -521,7 +512,7 @@ class Store:
             return proc.lane_id
         res = proc.resource
         iid = res.get("service.instance.id")
-        pid = _int_or_none(res.get("process.pid"))
+        pid = int_or_none(res.get("process.pid"))
         if iid not in (None, ""):
             return self._instance_lane(conn, run_id, str(iid), str(res.get("host.name") or ""), pid)
         if pid is not None:
@@ -546,7 +537,7 @@ class Store:
                 owner = (host, pid)
             else:
                 stored = json.loads(row[1]) if row[1] else {}
-                owner = (str(stored.get("host.name") or ""), _int_or_none(row[0]))
+                owner = (str(stored.get("host.name") or ""), int_or_none(row[0]))
             self._iid_owners[key] = owner
         if owner == (host, pid) or pid is None or owner[1] is None:
             return iid
@@ -603,16 +594,16 @@ class Store:
                 (
                     run_id,
                     lane,
-                    _int_or_none(res.get("process.pid")),
-                    _int_or_none(res.get("process.parent_pid")),
+                    int_or_none(res.get("process.pid")),
+                    int_or_none(res.get("process.parent_pid")),
                     service,
                     res.get("starttrace.role"),
-                    _int_or_none(res.get("starttrace.rank")),
+                    int_or_none(res.get("starttrace.rank")),
                     res.get("starttrace.start_method"),
                     json.dumps(res, default=str),
                     proc.source,
                     None if info.get("exited") is None else int(bool(info.get("exited"))),
-                    _int_or_none(info.get("exit_code")),
+                    int_or_none(info.get("exit_code")),
                     json.dumps(info["warnings"]) if info.get("warnings") else None,
                     json.dumps(info["preloaded"]) if info.get("preloaded") else None,
                     info.get("journal_path"),
@@ -894,8 +885,8 @@ def _process_from_row(p: dict[str, Any], spans: list[Span]) -> Process:
     resource = p.get("resource") or {}
     return Process(
         instance_id=str(p["lane_id"]),
-        pid=_int_or_none(p.get("pid")) or _int_or_none(resource.get("process.pid")) or 0,
-        ppid=_int_or_none(p.get("ppid")) or _int_or_none(resource.get("process.parent_pid")) or 0,
+        pid=int_or_none(p.get("pid")) or int_or_none(resource.get("process.pid")) or 0,
+        ppid=int_or_none(p.get("ppid")) or int_or_none(resource.get("process.parent_pid")) or 0,
         journal_path=Path(p["journal_path"]) if p.get("journal_path") else None,
         resource=resource,
         process_span_id=own.span_id if own is not None else "",

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from st_service_helpers import start_server
 from synth_runs import make_run, protobuf_batches, to_protobuf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,37 +28,13 @@ ARGS = [
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no /usr/bin/chromium")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("browser")
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    for key in ("STARTTRACE", "VLLM_STARTTRACE", "STARTTRACE_TOKEN"):
-        env.pop(key, None)
-    log = open(tmp / "server.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "starttrace.service.server", "--port", str(port), "--db", str(tmp / "b.db")],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    url = f"http://127.0.0.1:{port}"
+    server = start_server(tmp)
+    url = server.url
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.time() < deadline and proc.poll() is None, (tmp / "server.log").read_text()
-            time.sleep(0.1)
         pb = {"Content-Type": "application/x-protobuf"}
         run = make_run(ranks=4, imports_per_rank=120, run_id="browser-run", xss=True, seed=7)
         assert (
@@ -87,9 +59,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             time.sleep(0.2)
         yield url
     finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(15)
-        log.close()
+        server.stop()
 
 
 @pytest.fixture(scope="module")

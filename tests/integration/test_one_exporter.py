@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from st_service_helpers import start_server, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "service"))
-
-from st_service_helpers import start_server, wait_for  # noqa: E402
 
 FORMATS = ("perfetto", "jaeger", "otlp-json")
 

@@ -1,4 +1,4 @@
-"""Helpers for the service tests (imported by conftest.py and the tests)."""
+"""Helpers for tests that run the service: a real `serve` subprocess on a free loopback port."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from fastapi.testclient import TestClient
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -48,6 +48,7 @@ def start_server(tmp: Path, *args: str, env: dict[str, str] | None = None) -> Se
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.pop("STARTTRACE", None)
     full_env.pop("VLLM_STARTTRACE", None)
+    full_env.pop("STARTTRACE_TOKEN", None)
     if env:
         full_env.update(env)
     with open(log, "wb") as out:
