@@ -45,6 +45,9 @@ def base_env() -> dict[str, str]:
         and k != "PYTHONDONTWRITEBYTECODE"  # measure with bytecode caches, as installed packages have them
     }
     env["PYTHONHASHSEED"] = "0"
+    # callgrind counts every thread: idle OpenBLAS / OpenMP workers spin for as long as the
+    # program runs, so their count follows wall time, not the work done. One thread each.
+    env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = "1"
     return env
 
 

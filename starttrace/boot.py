@@ -468,6 +468,8 @@ def _end_process(exit_code: int | None) -> None:
     recorder.end(recorder.process_span_id, attrs or None)
     if state.is_root and not state.ready:
         recorder.end(state.root_span, {"starttrace.ended_by": "root_exit"})
+    if state.is_root:  # the NTP state of a journal-only run, read off the traced processes
+        sys.modules["starttrace.nodeinfo"].record_clock_later(state.run_dir, state.root_span)
 
 
 def _at_exit() -> None:
@@ -635,5 +637,7 @@ def mark_ready(attrs: dict[str, Any] | None = None) -> None:
         recorder.instant("ready", ready_attrs, parent=recorder.process_span_id)
         if state.root_span:
             recorder.end(state.root_span, {"starttrace.ended_by": "ready"})
+        if state.is_root:  # the NTP state of a journal-only run, read off the traced processes
+            sys.modules["starttrace.nodeinfo"].record_clock_later(state.run_dir, state.root_span)
     except Exception as exc:
         recorder.report(f"mark_ready failed: {type(exc).__name__}: {exc}", key="ready")

@@ -67,8 +67,12 @@ def _root(directory: Path | None) -> Path:
 
 
 def _load(run: str | None, directory: Path | None) -> Run:
+    from starttrace.sources.run_groups import join_journal_runs
+
     try:
-        the_run = read_run(find_run_dir(_root(directory), run))
+        run_dir = find_run_dir(_root(directory), run)
+        # per-node runs of one job in the same journal root, joined as the service joins them
+        the_run = join_journal_runs(read_run(run_dir), run_dir.parent)
     except ReaderError as exc:
         raise _fail(str(exc)) from None
     from starttrace.analysis.clocks import correct_clocks

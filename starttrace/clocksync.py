@@ -2,7 +2,9 @@
 through ctypes) and an NTP-style exchange with the starttrace service (`GET /v1/clock`).
 
 The exporter (`starttrace.follower`) measures once per node and records the results as resource
-attributes of that node's processes:
+attributes of that node's processes (the exchange sends the OTLP exporter's headers, so a service
+with `--token` answers it); a run without an exporter gets the NTP state from a helper its root
+starts at ready or exit (`python -m starttrace.clocksync`, `record`: a clock file in the run folder):
 
 - `starttrace.clock.ntp_synced` (bool: STA_UNSYNC clear), `starttrace.clock.esterror_us`,
   `starttrace.clock.maxerror_us` (the kernel's estimated and maximum error, microseconds);
@@ -17,13 +19,19 @@ would be a footprint there.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
+import os
 import time
-import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from starttrace.run import Run
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from starttrace.run import Run
+
+# = starttrace.sources.journal_files.CLOCK_PREFIX (not imported: the helper below starts lean)
+CLOCK_PREFIX = "clock-"
 
 STA_UNSYNC = 0x0040
 EXCHANGES = 5
@@ -64,8 +72,12 @@ class _Timex(ctypes.Structure):
 
 def ntp_state() -> dict[str, Any]:
     """The kernel's view of its clock (read-only adjtimex, modes 0); {} where it cannot be read."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    try:  # the interpreter's own symbols include the C library's (find_library would run ldconfig)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if not hasattr(libc, "adjtimex"):
+            from ctypes.util import find_library
+
+            libc = ctypes.CDLL(find_library("c") or "libc.so.6", use_errno=True)
         timex = _Timex()
         state = libc.adjtimex(ctypes.byref(timex))
     except (OSError, AttributeError):
@@ -88,14 +100,33 @@ def clock_url(traces_endpoint: str) -> str | None:
     return base[: -len("/v1/traces")] + CLOCK_PATH
 
 
-def exchange(url: str, tries: int = EXCHANGES, timeout_s: float = 2.0) -> dict[str, Any]:
+def otlp_headers(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The headers the OTLP/HTTP exporter sends (`OTEL_EXPORTER_OTLP_TRACES_HEADERS`, else
+    `OTEL_EXPORTER_OTLP_HEADERS`, read as the SDK reads them): the exchange sends them too, so a
+    service started with `--token` answers it (`OTEL_EXPORTER_OTLP_HEADERS=Authorization=Bearer%20T`)."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get("OTEL_EXPORTER_OTLP_TRACES_HEADERS") or environ.get("OTEL_EXPORTER_OTLP_HEADERS") or ""
+    if not raw.strip():
+        return {}
+    from opentelemetry.util.re import parse_env_headers
+
+    return dict(parse_env_headers(raw, liberal=True))
+
+
+def exchange(
+    url: str, tries: int = EXCHANGES, timeout_s: float = 2.0, headers: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """NTP-style: local send and receive times around the server's time; the try with the
-    smallest round trip wins. {} when the service does not answer (e.g. a Collector)."""
+    smallest round trip wins. {} when the service does not answer (e.g. a Collector, or a
+    service that refuses the token)."""
+    import urllib.request  # here, not at import: the NTP state alone needs no HTTP
+
+    request = urllib.request.Request(url, headers=dict(headers or {}))
     best: tuple[int, int] | None = None
     for _ in range(tries):
         try:
             t0 = time.time_ns()
-            with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 body = response.read(4096)
             t3 = time.time_ns()
             server = int(json.loads(body)["time_ns"])
@@ -110,12 +141,13 @@ def exchange(url: str, tries: int = EXCHANGES, timeout_s: float = 2.0) -> dict[s
     return {"starttrace.clock.exchange_offset_ns": best[0], "starttrace.clock.exchange_rtt_ns": best[1]}
 
 
-def measure(traces_endpoint: str | None) -> dict[str, Any]:
-    """NTP state, plus the exchange when the endpoint is a starttrace service."""
+def measure(traces_endpoint: str | None, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """NTP state, plus the exchange when the endpoint is a starttrace service (with the OTLP
+    exporter's headers from `environ`, default os.environ)."""
     attrs = ntp_state()
     url = clock_url(traces_endpoint) if traces_endpoint else None
     if url:
-        attrs.update(exchange(url))
+        attrs.update(exchange(url, headers=otlp_headers(environ)))
     return attrs
 
 
@@ -130,3 +162,46 @@ def this_node(run: Run, root_span: str | None, clock_attrs: dict[str, Any]) -> R
     for process in run.processes:
         process.resource.update(clock_attrs)
     return run
+
+
+# ------------------------------------------------------------------------------------------------
+# journal-only runs: the NTP state in the run folder (no exporter measures it there)
+
+def record(run_dir: Path, root_span: str, domain: str) -> Path | None:
+    """Write this host's NTP state into `run_dir` for the processes of clock domain `domain`
+    (what a node's exporter records on them over OTLP; the journal reader adds it to the processes
+    of the same kernel). None when adjtimex cannot be read."""
+    attrs = ntp_state()
+    if not attrs:
+        return None
+    body = {"v": 1, "root_span": root_span, "domain": domain, "measured_epoch_ns": time.time_ns(), "attrs": attrs}
+    path = Path(run_dir) / f"{CLOCK_PREFIX}{root_span}.json"
+    temporary = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")  # pids repeat across hosts
+    try:
+        temporary.write_text(json.dumps(body, separators=(",", ":")) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)  # a full disk leaves nothing behind
+        raise
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m starttrace.clocksync RUN_DIR ROOT_SPAN DOMAIN`: started, detached, by a run's root
+    process at its ready or exit when no exporter runs (starttrace.nodeinfo.record_clock_later)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3:
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    try:
+        record(Path(args[0]), args[1], args[2])
+    except Exception as exc:  # reported once; nothing traced waits for this process
+        print(f"starttrace: cannot record the clock state: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

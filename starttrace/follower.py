@@ -6,7 +6,9 @@ exited, then sends the run with the official OTLP/HTTP exporter at `STARTTRACE_O
 default: every span, the summary set marked; `summary`: that set only, with
 `STARTTRACE_SUMMARY_IMPORTS` imports per process, see analysis/detail.py); spans that were
 still open then are sent again, finished, when the root process exits. A failure (no collector
-listening, ...) is reported once on stderr; the traced processes never wait for any of this.
+listening, ...) is reported once on stderr; the traced processes never wait for any of this. A
+torchrun agent that moves into its launch's run (probes/torchelastic.py) leaves a marker in the
+first folder: the follower follows it (`moved`).
 
     python -m starttrace.follower RUN_DIR ROOT_PID ENDPOINT
 """
@@ -80,6 +82,39 @@ class ReadyWatch:
         return found
 
 
+def moved(run_dir: Path, root_span: str | None) -> Path:
+    """Where this node's run is now: a torchrun agent that adopted its launch's run
+    (probes/torchelastic.py) left `<first folder>/.moved-<root span>` naming the new folder. The
+    marker is removed once read, and the first folder with it when nothing else is left there."""
+    for _ in range(8):  # a chain of adoptions, bounded
+        marker = run_dir / f".moved-{root_span}"
+        if not root_span or not marker.is_file():
+            return run_dir
+        try:
+            target = Path(marker.read_text(encoding="utf-8").strip())
+        except OSError:
+            return run_dir
+        try:
+            marker.unlink()
+            run_dir.rmdir()
+        except OSError:
+            pass
+        run_dir = target
+    return run_dir
+
+
+def _wait_until_ready(run_dir: Path, root_pid: int, root_span: str | None) -> Path:
+    """Until the run is ready or its root has exited (and settled); returns the run's folder then."""
+    watch = ReadyWatch(run_dir)
+    while _alive(root_pid) and not watch.ready():
+        time.sleep(POLL_S)
+        now_at = moved(run_dir, root_span)
+        if now_at != run_dir:
+            run_dir, watch = now_at, ReadyWatch(now_at)
+    time.sleep(SETTLE_S)
+    return run_dir
+
+
 def follow(run_dir: Path, root_pid: int, endpoint: str) -> int:
     import logging
 
@@ -98,10 +133,8 @@ def follow(run_dir: Path, root_pid: int, endpoint: str) -> int:
     from starttrace import clocksync
 
     clock = clocksync.measure(endpoint)  # this node's NTP state and clock offset to the service
-    watch = ReadyWatch(run_dir)
-    while _alive(root_pid) and not watch.ready():
-        time.sleep(POLL_S)
-    time.sleep(SETTLE_S)
+    root_span = os.environ.get("STARTTRACE_ROOT_SPAN")
+    run_dir = _wait_until_ready(run_dir, root_pid, root_span)
     exporter = http_exporter(endpoint, timeout_s=5.0)
     finished: set[str] = set()
     try:
@@ -110,12 +143,13 @@ def follow(run_dir: Path, root_pid: int, endpoint: str) -> int:
                 while _alive(root_pid):
                     time.sleep(POLL_S)
                 time.sleep(SETTLE_S)
+            run_dir = moved(run_dir, root_span)
             try:
                 run = read_run(run_dir)
             except ReaderError as exc:
                 print(f"starttrace: OTLP export of {run_dir.name} skipped: {exc}", file=sys.stderr)
                 return 2
-            run = clocksync.this_node(run, os.environ.get("STARTTRACE_ROOT_SPAN"), clock)
+            run = clocksync.this_node(run, root_span, clock)
             spans = [
                 s
                 for s in to_readable_spans(run, detail=detail, import_budget=budget)

@@ -17,7 +17,7 @@ import os
 import sys
 from time import monotonic_ns
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 SEGMENT_SUFFIX = ".journal"
 FIRST_SEGMENT = 256 * 1024  # bytes; each next segment is twice the size of the one before ...
 MAX_SEGMENT = 8 * 1024 * 1024  # ... up to this (a record larger than that gets a segment of its own)

@@ -13,7 +13,8 @@ every node join one trace (they adopt the `traceparent` that boot exports). In o
 3. a torchrun worker that is its own root (its agent is not traced): `TORCHELASTIC_RUN_ID` (when not
    "none") + `MASTER_ADDR:MASTER_PORT` + `TORCHELASTIC_RESTART_COUNT`;
 4. the command line: torchrun (`--nnodes` > 1 with `--rdzv-id`/`--rdzv-endpoint`, or the static
-   `--master-addr/--master-port`), `vllm serve --nnodes N --master-addr A --master-port P`
+   `--master-addr/--master-port`: the agents then move into their launch's own run, agreed on in
+   the rendezvous store, `probes/torchelastic.py`), `vllm serve --nnodes N --master-addr A --master-port P`
    (`--headless` nodes included) or its data-parallel form (`--data-parallel-address`,
    `--data-parallel-rpc-port`), SGLang `--dist-init-addr A --nnodes N`.
 
@@ -58,7 +59,7 @@ def fnv1a_128(text: str) -> int:
 class Job:
     """The shared identity of one job: what its run is called, wherever a node starts."""
 
-    __slots__ = ("key", "kind", "nnodes", "node_rank", "rendezvous", "run_id", "trace_id")
+    __slots__ = ("from_argv", "key", "kind", "nnodes", "node_rank", "rendezvous", "run_id", "trace_id")
 
     def __init__(
         self,
@@ -78,6 +79,9 @@ class Job:
         self.rendezvous = rendezvous
         self.nnodes = nnodes
         self.node_rank = node_rank
+        # keyed by a command line alone: a relaunch of the same command derives the same ids (the
+        # torch elastic probe then agrees on a launch's own run through the rendezvous store)
+        self.from_argv = False
 
     def attrs(self) -> dict[str, Any]:
         """Resource attributes of the node's root process."""
@@ -243,13 +247,16 @@ def _max_nodes(value: str | None) -> int | None:
 
 def from_argv(argv: Sequence[str]) -> Job | None:
     tool, args = command_of(argv)
+    job = None
     if tool == "torchrun":
-        return _torchrun_agent(args)
-    if tool == "vllm":
-        return _vllm(args)
-    if tool == "sglang":
-        return _sglang(args)
-    return None
+        job = _torchrun_agent(args)
+    elif tool == "vllm":
+        job = _vllm(args)
+    elif tool == "sglang":
+        job = _sglang(args)
+    if job is not None:
+        job.from_argv = True
+    return job
 
 
 def _torchrun_agent(args: list[str]) -> Job | None:

@@ -75,3 +75,39 @@ def process_attrs(environ: MutableMapping[str, str], is_root: bool = False) -> d
     if addr and port:
         attrs["starttrace.dist.master"] = f"{addr}:{port}"
     return attrs
+
+
+class _Clock:
+    recorded = False
+
+
+_HELPER_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH")
+
+
+def record_clock_later(run_dir: str, root_span: str) -> None:
+    """The kernel's NTP state for a run no exporter follows (journals only): a root process calls
+    this at its `ready` or exit (once). A detached helper (`python -m starttrace.clocksync`, not
+    traced, its output to /dev/null: it holds none of the program's pipes) reads adjtimex, which
+    needs ctypes, and writes `<run folder>/clock-<root span>.json`; readers put it on the processes
+    of this host (docs/journal.md). With an OTLP endpoint the exporter records it instead."""
+    environ = os.environ
+    if _Clock.recorded or not run_dir or not root_span:
+        return
+    _Clock.recorded = True
+    exporting = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    if exporting and environ.get("STARTTRACE_OTLP_AUTO", "1") != "0":
+        return
+    env = {"STARTTRACE_INTERNAL": "1"}  # what the helper needs, not a copy of the program's environment
+    for name in _HELPER_ENV:
+        value = environ.get(name)
+        if value is not None:
+            env[name] = value
+    domain = environ.get(ENV_CLOCK_DOMAIN) or clock_domain()[0]
+    quiet = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
+    args = [sys.executable, "-m", "starttrace.clocksync", run_dir, root_span, domain]
+    try:
+        os.posix_spawn(sys.executable, args, env, file_actions=quiet, setsid=True)
+    except Exception as exc:
+        recorder = sys.modules.get("starttrace.recorder")
+        if recorder is not None:
+            recorder.report(f"cannot record the clock state: {type(exc).__name__}: {exc}", key="clock-state")

@@ -136,14 +136,21 @@ def report(message: str, key: "str | None" = None) -> None:
 
 def write(line: str) -> None:
     """Write one record (a whole line). A failure (disk full) disables the journal, reported once."""
-    writer = _writer
-    if writer is None:
+    if _writer is None:
         return
-    put = writer.put
     try:
         data = line.encode()
     except UnicodeEncodeError:  # lone surrogates (file names in surrogateescape): written as \udcXX
         data = line.encode("utf-8", "backslashreplace")
+    write_encoded(data)
+
+
+def write_encoded(data: bytes) -> None:
+    """Write one encoded record (see `write`)."""
+    writer = _writer
+    if writer is None:
+        return
+    put = writer.put
     try:
         put(data)  # type: ignore[misc]
     except (ValueError, TypeError):  # the segment is full (or the writer has failed: put is None)

@@ -2,9 +2,15 @@
 
 A probe module imports only the standard library; it patches its library right after the
 traced program imported it, and records which probes attached in `starttrace.probes`.
+
+Only the import and multiprocessing probes load at activation. The others load when the traced
+program first imports a module they patch (a post-import hook on each of those modules): a
+process that never imports torch, vLLM or uvicorn never loads their probes, which keeps
+activation cheap (docs/benchmarks.md). The vLLM probe also loads at activation when the command
+line names vLLM or one of the helpers it labels, since it reads the process role from argv.
 """
 
-from __future__ import annotations
+import sys
 
 from starttrace import recorder
 
@@ -15,16 +21,53 @@ if TYPE_CHECKING:
 PROBES = (
     "starttrace.probes.imports",
     "starttrace.probes.multiprocessing",
-    "starttrace.probes.torch",
-    "starttrace.probes.vllm",
-    "starttrace.probes.servers",
 )
 
+# probe -> the modules its install() hooks (tests/unit/test_lazy_probes.py keeps them equal)
+LAZY_PROBES: "dict[str, tuple[str, ...]]" = {
+    "starttrace.probes.torch": ("torch.cuda", "torch.distributed", "torch.accelerator"),
+    "starttrace.probes.vllm": (
+        "vllm.engine.arg_utils",
+        "vllm.entrypoints.launchers.launcher",
+        "vllm.entrypoints.launchers.app",
+        "vllm.entrypoints.launchers.api_server.app_state",
+        "vllm.v1.engine.async_llm",
+        "vllm.v1.engine.llm_engine",
+        "vllm.v1.engine.utils",
+        "vllm.v1.engine.core",
+        "vllm.v1.executor.abstract",
+        "vllm.v1.executor.multiproc_executor",
+        "vllm.v1.worker.worker_base",
+        "vllm.distributed.parallel_state",
+        "vllm.compilation.backends",
+    ),
+    "starttrace.probes.servers": ("uvicorn.server",),
+}
+# probe -> words of the command line that load it at activation
+EAGER_WHEN_ARGV: "dict[str, tuple[str, ...]]" = {
+    "starttrace.probes.vllm": ("vllm", "all_reduce_utils", "resource_tracker"),
+}
+_installed: "list[str]" = []
+_lazy_done: "set[str]" = set()
 
-def load_all() -> list[Any]:
-    """Import the probe modules (before the import hook exists, so they are not recorded)."""
+
+# Loaded only in a torchrun agent whose run its command line named (`launchers.current`, set in
+# roots only): every other process pays nothing for it.
+TORCHRUN_AGENT_PROBE = "starttrace.probes.torchelastic"
+
+
+def load_all() -> "list[Any]":
+    """Import the probe modules loaded at activation (before the import hook exists, so they are
+    not recorded)."""
+    job = getattr(sys.modules.get("starttrace.launchers"), "current", None)
+    agent = job is not None and job.kind == "torchrun" and job.from_argv
+    names = [*PROBES, TORCHRUN_AGENT_PROBE] if agent else list(PROBES)
+    joined = " ".join(getattr(sys, "orig_argv", None) or sys.argv)
+    for name, words in EAGER_WHEN_ARGV.items():
+        if any(word in joined for word in words):
+            names.append(name)
     modules = []
-    for name in PROBES:
+    for name in names:
         try:
             modules.append(__import__(name, fromlist=["install"]))
         except ImportError:
@@ -34,14 +77,52 @@ def load_all() -> list[Any]:
     return modules
 
 
-def install_all(modules: list[Any]) -> None:
-    attached = []
+def install_all(modules: "list[Any]") -> None:
+    """Install the probes loaded at activation; hook the others onto the modules they patch."""
+    loaded = {module.__name__ for module in modules}
     for module in modules:
+        _install(module)
+    for name, targets in LAZY_PROBES.items():
+        if name not in loaded:
+            load = _lazy_loader(name)
+            for target in targets:
+                recorder.when_imported(target, load)
+    recorder.set_process_attrs({"starttrace.probes.installed": list(_installed)})
+
+
+def _install(module: "Any") -> bool:
+    try:
+        module.install()
+    except Exception as exc:
+        recorder.report(f"probe {module.__name__} failed to install: {type(exc).__name__}: {exc}", key=module.__name__)
+        return False
+    _installed.append(module.__name__.rsplit(".", 1)[-1])
+    return True
+
+
+def _lazy_loader(name: str) -> "Any":
+    def load(_target: "Any") -> None:
+        if name in _lazy_done:
+            return
+        _lazy_done.add(name)
         try:
-            module.install()
-            attached.append(module.__name__.rsplit(".", 1)[-1])
+            module = _import_unrecorded(name)
         except Exception as exc:
-            recorder.report(
-                f"probe {module.__name__} failed to install: {type(exc).__name__}: {exc}", key=module.__name__
-            )
-    recorder.set_process_attrs({"starttrace.probes.installed": attached})
+            recorder.report(f"probe {name} failed to load: {type(exc).__name__}: {exc}", key=name)
+            return
+        if _install(module):  # its hooks on modules already imported (the target) run at once
+            recorder.set_process_attrs({"starttrace.probes.installed": list(_installed)})
+
+    return load
+
+
+def _import_unrecorded(name: str) -> "Any":
+    """Import probe `name` (and the helpers it imports) past the import probe: starttrace's own
+    modules are not the program's imports, whose spans this runs inside."""
+    from starttrace.probes import imports
+
+    find_and_load = imports._original or (lambda module, _import: __import__(module, fromlist=["install"]))
+    for module in ("starttrace.probes._wrap", name):
+        if module not in sys.modules:
+            find_and_load(module, __import__)
+    return sys.modules[name]

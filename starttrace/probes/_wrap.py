@@ -5,8 +5,6 @@ the probe list published on the process (`note_attached`, `note_missing`), and p
 Hot path: standard library only.
 """
 
-from __future__ import annotations
-
 import sys
 from _thread import get_ident
 
@@ -57,7 +55,7 @@ def _publish_probe_list() -> None:
 publish_probe_list = _publish_probe_list
 
 
-def set_role_and_attrs(attrs: Attrs) -> None:
+def set_role_and_attrs(attrs: "Attrs") -> None:
     """Set process identity; the role also goes through boot.set_role (boot keeps it in state)."""
     role = attrs.get("starttrace.role")
     if role:
@@ -68,7 +66,7 @@ def set_role_and_attrs(attrs: Attrs) -> None:
     recorder.set_process_attrs(attrs)
 
 
-def _mark(wrapper: Any, original: Any) -> Any:
+def _mark(wrapper: "Any", original: "Any") -> "Any":
     for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
         try:
             setattr(wrapper, attr, getattr(original, attr))
@@ -83,7 +81,7 @@ def _mark(wrapper: Any, original: Any) -> Any:
     return wrapper
 
 
-def _begin_quietly(name: str, attrs: Attrs) -> str:
+def _begin_quietly(name: str, attrs: "Attrs") -> str:
     try:
         return recorder.begin(name, attrs)
     except Exception as exc:
@@ -91,7 +89,7 @@ def _begin_quietly(name: str, attrs: Attrs) -> str:
         return ""
 
 
-def _end_quietly(span_id: str, attrs: Attrs | None = None, error: str | None = None) -> None:
+def _end_quietly(span_id: str, attrs: "Attrs | None" = None, error: str | None = None) -> None:
     if not span_id:
         return
     try:
@@ -101,13 +99,13 @@ def _end_quietly(span_id: str, attrs: Attrs | None = None, error: str | None = N
 
 
 def traced(
-    original: Callable[..., Any],
+    original: "Callable[..., Any]",
     name: str,
     phase: str,
-    attrs: Attrs | None = None,
-    before: Callable[[tuple[Any, ...], dict[str, Any]], Attrs | None] | None = None,
-    after: Callable[[tuple[Any, ...], dict[str, Any], Any], Attrs | None] | None = None,
-) -> Callable[..., Any]:
+    attrs: "Attrs | None" = None,
+    before: "Callable[[tuple[Any, ...], dict[str, Any]], Attrs | None] | None" = None,
+    after: "Callable[[tuple[Any, ...], dict[str, Any], Any], Attrs | None] | None" = None,
+) -> "Callable[..., Any]":
     """A wrapper of `original` that records span `name` around each call (sync or async).
 
     `before(args, kwargs)` may return extra begin attributes (and may set process attributes);
@@ -122,7 +120,7 @@ def traced(
     if attrs:
         base.update(attrs)
 
-    def _start(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    def _start(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> str:
         begin_attrs = base
         if before is not None:
             try:
@@ -133,7 +131,7 @@ def traced(
                 recorder.report(f"probe {name} failed: {type(exc).__name__}: {exc}", key=f"before:{name}")
         return _begin_quietly(name, begin_attrs)
 
-    def _finish(span_id: str, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
+    def _finish(span_id: str, args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> None:
         end_attrs = None
         if after is not None:
             try:
@@ -155,7 +153,7 @@ def traced(
     code = getattr(getattr(original, "__func__", original), "__code__", None)
     if code is not None and code.co_flags & _CO_COROUTINE:
 
-        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+        async def async_wrapper(*args: "Any", **kwargs: "Any") -> "Any":
             if recorder._writer is None:
                 return await original(*args, **kwargs)
             running = _enter()
@@ -174,7 +172,7 @@ def traced(
 
         return _mark(async_wrapper, original)
 
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: "Any", **kwargs: "Any") -> "Any":
         if recorder._writer is None:
             return original(*args, **kwargs)
         running = _enter()
@@ -204,7 +202,7 @@ def _end_failed(span_id: str, exc: BaseException, idle: bool) -> None:
         _end_quietly(span_id, None, message)
 
 
-def patch(owner: Any, attr: str, make_wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+def patch(owner: "Any", attr: str, make_wrapper: "Callable[[Callable[..., Any]], Callable[..., Any]]") -> bool:
     """Replace `owner.attr` (function, method, staticmethod or classmethod) with a wrapper.
 
     Returns False (and patches nothing) when the attribute does not exist, is not callable, or

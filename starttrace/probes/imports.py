@@ -6,11 +6,12 @@ module load. Imports that arrive through `importlib.import_module` (whose `impor
 `_gcd_import`, not `builtins.__import__`) are tagged: `-X importtime` does not print them.
 
 The wrapper runs for every module a program loads, so its common case (the main thread, an
-`import` statement, names and paths that need no escaping) is the recorder's `begin`, `end` and
-`write` written out inline, without their calls: two f-strings, two clock reads and two copies
-into the journal's mapping (docs/benchmarks.md has its cost in instructions). Anything unusual
-(another thread, `importlib`, held-back spans, a fork during the import, a probe waiting for this
-module, a full journal segment) takes the recorder's general path.
+`import` statement, a name without a newline) is written out inline, without helper calls: two
+compact import records (`I` at the begin, `E` at the end: docs/journal.md, version 3), two clock
+reads and two copies into the journal's mapping (docs/benchmarks.md has its cost in
+instructions). Anything unusual (another thread, `importlib`, held-back spans, a fork during the
+import, a probe waiting for this module, a full journal segment) takes the recorder's general
+path and its JSON records.
 """
 
 import os
@@ -73,22 +74,16 @@ def _make_wrapper(original: "Callable[[str, Any], Any]", builtin_import: "Any") 
             stack = stacks[ident]
         except KeyError:
             stack = stacks[ident] = []
-        if (
-            ident != rec.plain_ident
-            or import_ is not builtin_import
-            or not (name.isprintable() and '"' not in name and "\\" not in name)
-        ):
+        if ident != rec.plain_ident or import_ is not builtin_import or "\n" in name:
             _begin_slow(span_id, name, ident, import_ is not builtin_import, stack)
+            start = 0
         else:  # the common case: the main thread, an `import` statement, spans not held back
-            line = (
-                f'{{"k":"b","s":"{span_id}","p":"{stack[-1] if stack else rec.process_span_id}",'
-                f'"n":"import {name}","t":{monotonic_ns()},"a":{{"starttrace.phase":"import",'
-                f'"starttrace.import.module":"{name}"}}}}\n'
-            )
+            start = monotonic_ns()
+            line = f"I{span_id}{stack[-1] if stack else rec.process_span_id}{start} {name}\n"
             try:
                 writer.put(line.encode())
             except (ValueError, TypeError):  # segment full, journal failed, lone surrogates
-                rec.write(line)
+                _write_compact(line)
         stack.append(span_id)
         try:
             module = original(name, import_)
@@ -96,21 +91,21 @@ def _make_wrapper(original: "Callable[[str, Any], Any]", builtin_import: "Any") 
             rec.end(span_id, error=f"{type(exc).__name__}: {exc}")
             raise
         try:
-            path = module.__dict__.get("__file__")  # no AttributeError (costly) for built-in modules
+            path = module.__file__  # a plain attribute read: AttributeError only for built-in modules
         except Exception:
-            path = getattr(module, "__file__", None)
-        if stack and stack[-1] is span_id and not pending and name not in post_hooks:
+            path = None
+        if start and stack and stack[-1] is span_id and not pending and name not in post_hooks:
             stack.pop()  # the common case: this span is on top of this thread's stack
-            if path.__class__ is not str:
-                line = f'{{"k":"e","s":"{span_id}","t":{monotonic_ns()}}}\n'
-            elif path.isprintable() and '"' not in path and "\\" not in path:
-                line = f'{{"k":"e","s":"{span_id}","t":{monotonic_ns()},"a":{{"code.file.path":"{path}"}}}}\n'
-            else:
+            if path.__class__ is str and "\n" not in path:
+                line = f"E{span_id}{monotonic_ns() - start} {path}\n"
+            elif path.__class__ is str:  # a newline would end the record: a JSON one instead
                 line = f'{{"k":"e","s":"{span_id}","t":{monotonic_ns()},"a":{{"code.file.path":{quote(path)}}}}}\n'
-            try:  # `writer` may have failed or been replaced meanwhile (a fork): rec.write sorts it out
+            else:
+                line = f"E{span_id}{monotonic_ns() - start}\n"
+            try:  # `writer` may have failed or been replaced meanwhile (a fork): _write_compact sorts it out
                 writer.put(line.encode())
             except (ValueError, TypeError):
-                rec.write(line)
+                _write_compact(line)
         else:
             _end_slow(name, span_id, path, module)
         return module
@@ -118,6 +113,29 @@ def _make_wrapper(original: "Callable[[str, Any], Any]", builtin_import: "Any") 
     _find_and_load.__starttrace__ = True  # type: ignore[attr-defined]
     _find_and_load.__wrapped__ = original  # type: ignore[attr-defined]
     return _find_and_load
+
+
+def _write_compact(line: str) -> None:
+    """A compact record the inlined copy could not write: a full segment, a failed or replaced
+    writer, or a name or path with lone surrogates (file names in surrogateescape), which have
+    no UTF-8: those go as the equivalent JSON record, with the surrogates as JSON escapes."""
+    try:
+        data = line.encode()
+    except UnicodeEncodeError:
+        data = _as_json(line).encode("utf-8", "backslashreplace")
+    recorder.write_encoded(data)
+
+
+def _as_json(line: str) -> str:
+    """The JSON record a compact import record stands for (docs/journal.md)."""
+    head, _, text = line[:-1].partition(" ")
+    if head[0] == "I":
+        return (
+            f'{{"k":"b","s":"{head[1:17]}","p":"{head[17:33]}","n":{quote("import " + text)},"t":{head[33:]},'
+            f'"a":{{"starttrace.phase":"import","starttrace.import.module":{quote(text)}}}}}\n'
+        )
+    path = f',"a":{{"code.file.path":{quote(text)}}}' if text else ""
+    return f'{{"k":"e","s":"{head[1:17]}","dt":{head[17:]}{path}}}\n'
 
 
 def _begin_slow(span_id: str, name: str, ident: int, via_importlib: bool, stack: "list[str]") -> None:
@@ -143,7 +161,9 @@ def _begin_slow(span_id: str, name: str, ident: int, via_importlib: bool, stack:
 
 def _end_slow(name: str, span_id: str, path: object, module: "Any") -> None:
     """End an import span the general way (held back, forked meanwhile, not on top of the stack,
-    a probe waiting for this module), then run the probes' post-import hooks."""
+    a probe waiting for this module). The probes' post-import hooks run first, inside the span:
+    the program's import statement returns only after them, as `-X importtime` sees it; their
+    time is on the span as `starttrace.import.probe_ns`."""
     attrs: dict[str, object] = {}
     if isinstance(path, str):
         attrs["code.file.path"] = path
@@ -151,6 +171,10 @@ def _end_slow(name: str, span_id: str, path: object, module: "Any") -> None:
         cost = recorder.import_credits.pop(name)
         if cost is not None:
             attrs["starttrace.import.footprint_ns"] = cost
-    recorder.end(span_id, attrs or None)
-    if recorder._post_import_hooks:
+    if recorder._post_import_hooks.get(name):
+        start = monotonic_ns()
         recorder.run_post_import_hooks(name, module)
+        attrs["starttrace.import.probe_ns"] = monotonic_ns() - start
+    else:
+        recorder._post_import_hooks.pop(name, None)
+    recorder.end(span_id, attrs or None)

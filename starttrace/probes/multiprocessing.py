@@ -18,8 +18,6 @@ A generic multiprocessing child is role `child`, with its Process name and targe
 (concurrent.futures and multiprocessing.pool workers, torch compile workers) are `helper`.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 from time import monotonic_ns
@@ -72,7 +70,7 @@ def _read_extra_preload() -> None:
         os.write(2, message.encode("utf-8", "replace"))
 
 
-def _add_extra_preload(server: Any) -> list[str]:
+def _add_extra_preload(server: "Any") -> list[str]:
     """Extend a ForkServer's preload list with the opt-in modules; returns those it added."""
     if not _extra_preload:
         return []
@@ -113,7 +111,9 @@ class launch_environment:
                 os.environ[key] = value
 
 
-def _record_launch(name: str, attrs: dict[str, Any], launch: Callable[[], Any], end_attrs: Callable[[], Any]) -> None:
+def _record_launch(
+    name: str, attrs: "dict[str, Any]", launch: "Callable[[], Any]", end_attrs: "Callable[[], Any]"
+) -> None:
     """Run `launch()` inside span `name`, with the launch variables set for exec'd children;
     the span ends with `end_attrs()` (the child pid, ...) or with the error `launch` raised."""
     span_id = recorder.begin(name, attrs)
@@ -126,18 +126,18 @@ def _record_launch(name: str, attrs: dict[str, Any], launch: Callable[[], Any], 
     recorder.end(span_id, end_attrs())
 
 
-def _child_pid(pid: Any) -> dict[str, Any] | None:
+def _child_pid(pid: "Any") -> "dict[str, Any] | None":
     return {"starttrace.child_pid": int(pid)} if pid else None
 
 
-def _patch_process(module: Any) -> None:
+def _patch_process(module: "Any") -> None:
     base = module.BaseProcess
     if getattr(base.start, "__starttrace__", False):
         return
     original_start = base.start
     original_bootstrap = base._bootstrap
 
-    def start(self: Any) -> None:
+    def start(self: "Any") -> None:
         if not recorder.active():
             return original_start(self)
         method = getattr(self, "_start_method", None) or _default_method()
@@ -148,7 +148,7 @@ def _patch_process(module: Any) -> None:
         }
         boot.flag_cuda_before_fork(attrs)
 
-        def end_attrs() -> dict[str, Any]:
+        def end_attrs() -> "dict[str, Any]":
             result: dict[str, Any] = {"starttrace.child_pid": int(self.pid or 0)}
             actual = getattr(getattr(self, "_popen", None), "method", None)
             if actual:
@@ -161,7 +161,7 @@ def _patch_process(module: Any) -> None:
         finally:
             boot.state.in_launch -= 1
 
-    def _bootstrap(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def _bootstrap(self: "Any", *args: "Any", **kwargs: "Any") -> "Any":
         if recorder.active():
             try:
                 _enter_child(self)
@@ -186,7 +186,7 @@ def _default_method() -> str:
         return ""
 
 
-def _target_name(process: Any) -> tuple[str, str]:
+def _target_name(process: "Any") -> tuple[str, str]:
     """(module, qualified name) of a Process's target, '' when it has none."""
     target = getattr(process, "_target", None)
     if target is None:
@@ -195,7 +195,7 @@ def _target_name(process: Any) -> tuple[str, str]:
     return str(getattr(function, "__module__", "") or ""), str(getattr(function, "__qualname__", "") or "")
 
 
-def _enter_child(process: Any) -> None:
+def _enter_child(process: "Any") -> None:
     name = str(getattr(process, "_name", ""))
     module, qualname = _target_name(process)
     attrs: dict[str, Any] = {"starttrace.process_name": name}
@@ -207,7 +207,7 @@ def _enter_child(process: Any) -> None:
     recorder.set_process_attrs(attrs)
     original_run = process.run
 
-    def run(*args: Any, **kwargs: Any) -> Any:
+    def run(*args: "Any", **kwargs: "Any") -> "Any":
         process.run = original_run  # one-shot: restore the bound method
         boot.end_bootstrap({"starttrace.process_name": name})
         return original_run(*args, **kwargs)
@@ -215,12 +215,12 @@ def _enter_child(process: Any) -> None:
     process.run = run
 
 
-def _patch_forkserver(module: Any) -> None:
+def _patch_forkserver(module: "Any") -> None:
     server_class = getattr(module, "ForkServer", None)
     if server_class is not None and not getattr(server_class.ensure_running, "__starttrace__", False):
         original_ensure = server_class.ensure_running
 
-        def ensure_running(self: Any) -> None:
+        def ensure_running(self: "Any") -> None:
             if not recorder.active() or getattr(self, "_forkserver_pid", None) is not None:
                 return original_ensure(self)
             added = _add_extra_preload(self)
@@ -247,12 +247,12 @@ def _patch_forkserver(module: Any) -> None:
     def main(
         listener_fd: int,
         alive_r: int,
-        preload: Any,
-        main_path: Any = None,
-        sys_path: Any = None,
-        *args: Any,
-        **kwargs: Any,
-    ) -> Any:
+        preload: "Any",
+        main_path: "Any" = None,
+        sys_path: "Any" = None,
+        *args: "Any",
+        **kwargs: "Any",
+    ) -> "Any":
         if not recorder.active():
             return original_main(listener_fd, alive_r, preload, main_path, sys_path, *args, **kwargs)
         try:
@@ -272,7 +272,7 @@ def _patch_forkserver(module: Any) -> None:
     module.main = main
 
 
-def _preload(forkserver: Any, modules: list[str], main_path: Any) -> None:
+def _preload(forkserver: "Any", modules: list[str], main_path: "Any") -> None:
     """The forkserver's preload, as multiprocessing does it, with a span per module."""
     attrs: dict[str, Any] = {"starttrace.phase": "forkserver_preload", "starttrace.preload": modules}
     added = [m for m in modules if m in _extra_preload]
@@ -318,7 +318,7 @@ def _preload(forkserver: Any, modules: list[str], main_path: Any) -> None:
     recorder.end(outer, end_attrs)
 
 
-def _rebind_module_aliases(module: Any, instance_name: str, methods: tuple[str, ...]) -> None:
+def _rebind_module_aliases(module: "Any", instance_name: str, methods: tuple[str, ...]) -> None:
     """`multiprocessing.forkserver.ensure_running` is a bound method taken at import time (vLLM
     calls it directly): rebind such aliases so they reach the patched class attribute."""
     instance = getattr(module, instance_name, None)
@@ -329,13 +329,13 @@ def _rebind_module_aliases(module: Any, instance_name: str, methods: tuple[str, 
             setattr(module, method, getattr(instance, method))
 
 
-def _patch_resource_tracker_launch(module: Any) -> None:
+def _patch_resource_tracker_launch(module: "Any") -> None:
     tracker_class = getattr(module, "ResourceTracker", None)
     if tracker_class is None or getattr(tracker_class.ensure_running, "__starttrace__", False):
         return
     original_ensure = tracker_class.ensure_running
 
-    def ensure_running(self: Any) -> None:
+    def ensure_running(self: "Any") -> None:
         running = getattr(self, "_fd", None) is not None or getattr(self, "_pid", None) is not None
         if not recorder.active() or running:
             return original_ensure(self)
@@ -353,13 +353,13 @@ def _patch_resource_tracker_launch(module: Any) -> None:
     _rebind_module_aliases(module, "_resource_tracker", ("ensure_running",))
 
 
-def _patch_resource_tracker(module: Any) -> None:
+def _patch_resource_tracker(module: "Any") -> None:
     _patch_resource_tracker_launch(module)
     tracker_main = getattr(module, "main", None)
     if tracker_main is None or getattr(tracker_main, "__starttrace__", False):
         return
 
-    def main(*args: Any, **kwargs: Any) -> Any:
+    def main(*args: "Any", **kwargs: "Any") -> "Any":
         try:
             boot.set_role("helper")
             recorder.set_process_attrs({"starttrace.process_name": "resource_tracker"})
@@ -373,13 +373,13 @@ def _patch_resource_tracker(module: Any) -> None:
     module.main = main
 
 
-def _patch_subprocess(module: Any) -> None:
+def _patch_subprocess(module: "Any") -> None:
     popen = module.Popen
     if getattr(popen.__init__, "__starttrace__", False):
         return
     original_init = popen.__init__
 
-    def __init__(self: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
+    def __init__(self: "Any", args: "Any", *rest: "Any", **kwargs: "Any") -> None:
         if not recorder.active():
             return original_init(self, args, *rest, **kwargs)
         command = args if isinstance(args, (str, bytes)) else " ".join(str(a) for a in list(args)[:8])
@@ -409,7 +409,7 @@ def _patch_subprocess(module: Any) -> None:
     popen.__init__ = __init__
 
 
-def _child_environment(env: Any, extra: dict[str, str]) -> dict[str, str]:
+def _child_environment(env: "Any", extra: dict[str, str]) -> dict[str, str]:
     if env is None:
         merged = dict(os.environ)
     else:

@@ -11,8 +11,6 @@ Wraps (after the traced program imported uvicorn; standard library only here):
 restart, record the first readiness only.
 """
 
-from __future__ import annotations
-
 import sys
 
 from starttrace import recorder
@@ -28,7 +26,7 @@ def install() -> None:
     recorder.when_imported("uvicorn.server", _patch_uvicorn)
 
 
-def _patch_uvicorn(module: Any) -> None:
+def _patch_uvicorn(module: "Any") -> None:
     server = getattr(module, "Server", None)
     if server is None:
         note_missing("uvicorn.server.Server")
@@ -45,8 +43,8 @@ def _patch_uvicorn(module: Any) -> None:
     publish_probe_list()
 
 
-def _ready_on_entry(original: Callable[..., Any]) -> Callable[..., Any]:
-    async def main_loop(self: Any, *args: Any, **kwargs: Any) -> Any:
+def _ready_on_entry(original: "Callable[..., Any]") -> "Callable[..., Any]":
+    async def main_loop(self: "Any", *args: "Any", **kwargs: "Any") -> "Any":
         if recorder._writer is not None:
             try:
                 ready(_server_attrs(self))
@@ -57,7 +55,7 @@ def _ready_on_entry(original: Callable[..., Any]) -> Callable[..., Any]:
     return _mark(main_loop, original)
 
 
-def _server_attrs(server: Any) -> dict[str, Any]:
+def _server_attrs(server: "Any") -> "dict[str, Any]":
     attrs: dict[str, Any] = {"starttrace.ready.source": "uvicorn"}
     config = getattr(server, "config", None)
     sockets: list[Any] = []
@@ -84,7 +82,7 @@ def _server_attrs(server: Any) -> dict[str, Any]:
     return attrs
 
 
-def ready(attrs: dict[str, Any] | None = None) -> None:
+def ready(attrs: "dict[str, Any] | None" = None) -> None:
     """Record readiness: boot.mark_ready when present, else a plain `ready` instant."""
     boot = sys.modules.get("starttrace.boot")
     mark_ready = getattr(boot, "mark_ready", None)

@@ -20,8 +20,6 @@ only, and nothing at all until a hook fires):
 The wrapping helpers (`traced`, `patch`, `note_attached`) live in `probes/_wrap.py`.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 from time import monotonic_ns
@@ -60,7 +58,8 @@ cuda_state = _CudaState()
 
 
 def install() -> None:
-    """Register the post-import hooks (called by boot at activation; cheap)."""
+    """Register the post-import hooks (called when the program first imports one of their modules:
+    probes/__init__.py `LAZY_PROBES`)."""
     recorder.when_imported("torch.cuda", _patch_cuda)
     recorder.when_imported("torch.distributed", _patch_distributed)
     recorder.when_imported("torch.distributed", _patch_collectives)
@@ -118,7 +117,7 @@ def _trigger_location() -> str:
     return ""
 
 
-def _patch_cuda(cuda: Any) -> None:
+def _patch_cuda(cuda: "Any") -> None:
     original = getattr(cuda, "_lazy_init", None)
     if original is None or not callable(original):
         note_missing("torch.cuda._lazy_init")
@@ -127,7 +126,7 @@ def _patch_cuda(cuda: Any) -> None:
         return
     tls = getattr(cuda, "_tls", None)
 
-    def _lazy_init() -> Any:
+    def _lazy_init() -> "Any":
         if (
             cuda_state.initialized
             or recorder._writer is None
@@ -166,7 +165,7 @@ def _patch_cuda(cuda: Any) -> None:
     publish_probe_list()
 
 
-def _begin_cuda_init(cuda: Any) -> str:
+def _begin_cuda_init(cuda: "Any") -> str:
     now = monotonic_ns()
     cuda_state.attempted = True
     attrs: Attrs = {"starttrace.phase": "cuda_init"}
@@ -182,7 +181,7 @@ def _begin_cuda_init(cuda: Any) -> str:
     return recorder.begin("cuda.init", attrs, t=now)
 
 
-def _end_cuda_init(cuda: Any, span_id: str) -> None:
+def _end_cuda_init(cuda: "Any", span_id: str) -> None:
     try:
         cuda_state.initialized = True
         attrs: Attrs = {}
@@ -207,7 +206,7 @@ def _end_cuda_init(cuda: Any, span_id: str) -> None:
         recorder.report(f"cuda.init probe failed: {type(exc).__name__}: {exc}", key="cuda.init.end")
 
 
-def _device_attr(device: Any) -> Any:
+def _device_attr(device: "Any") -> "Any":
     if isinstance(device, (int, str)):
         return device
     try:
@@ -216,8 +215,8 @@ def _device_attr(device: Any) -> Any:
         return "?"
 
 
-def _set_device_wrapper(original: Callable[..., Any], api: str) -> Callable[..., Any]:
-    def set_device(*args: Any, **kwargs: Any) -> Any:
+def _set_device_wrapper(original: "Callable[..., Any]", api: str) -> "Callable[..., Any]":
+    def set_device(*args: "Any", **kwargs: "Any") -> "Any":
         if recorder._writer is None:
             return original(*args, **kwargs)
         device = args[0] if args else kwargs.get("device", kwargs.get("device_index"))
@@ -236,7 +235,7 @@ def _set_device_wrapper(original: Callable[..., Any], api: str) -> Callable[...,
     return _mark(set_device, original)
 
 
-def _patch_accelerator(accelerator: Any) -> None:
+def _patch_accelerator(accelerator: "Any") -> None:
     if patch(accelerator, "set_device_index", lambda fn: _set_device_wrapper(fn, "torch.accelerator.set_device_index")):
         note_attached("torch.accelerator.set_device_index")
         publish_probe_list()
@@ -249,7 +248,7 @@ def _patch_accelerator(accelerator: Any) -> None:
 _INIT_PG_PARAMS = ("backend", "init_method", "timeout", "world_size", "rank")
 
 
-def _safe_init_method(value: Any) -> str:
+def _safe_init_method(value: "Any") -> str:
     text = str(value)
     if "@" in text:  # never record credentials of a store URL
         scheme, _, rest = text.partition("://")
@@ -257,7 +256,7 @@ def _safe_init_method(value: Any) -> str:
     return text
 
 
-def _patch_distributed(dist: Any) -> None:
+def _patch_distributed(dist: "Any") -> None:
     original = getattr(dist, "init_process_group", None)
     if original is None:
         note_missing("torch.distributed.init_process_group")
@@ -265,7 +264,7 @@ def _patch_distributed(dist: Any) -> None:
     if getattr(original, "__starttrace__", False):
         return
 
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+    def init_process_group(*args: "Any", **kwargs: "Any") -> "Any":
         if recorder._writer is None:
             return original(*args, **kwargs)
         attrs: Attrs = {"starttrace.phase": "dist_init"}
@@ -310,7 +309,7 @@ def _patch_distributed(dist: Any) -> None:
     publish_probe_list()
 
 
-def _identity_at_call(values: Attrs) -> None:
+def _identity_at_call(values: "Attrs") -> None:
     """The rank is known when init_process_group is called (its arguments, else the RANK,
     WORLD_SIZE and LOCAL_RANK it reads from the environment), not only once it returns: a rank
     that waits in it for the others is labelled as that rank."""
@@ -333,7 +332,7 @@ def _identity_at_call(values: Attrs) -> None:
         set_role_and_attrs(learnt)
 
 
-def _after_init_process_group(dist: Any, span_id: str) -> None:
+def _after_init_process_group(dist: "Any", span_id: str) -> None:
     try:
         rank = int(dist.get_rank())
         world_size = int(dist.get_world_size())
@@ -383,7 +382,7 @@ class _SyncState:
 _sync = _SyncState()
 
 
-def _patch_collectives(dist: Any) -> None:
+def _patch_collectives(dist: "Any") -> None:
     for name, group_at, async_at, tensor_at in _COLLECTIVES:
         original = getattr(dist, name, None)
         if original is None or getattr(original, "__starttrace__", False):
@@ -397,11 +396,11 @@ def _patch_collectives(dist: Any) -> None:
 
 
 def _collective_wrapper(
-    dist: Any, original: Callable[..., Any], name: str, group_at: int, async_at: int, tensor_at: int
-) -> Callable[..., Any]:
+    dist: "Any", original: "Callable[..., Any]", name: str, group_at: int, async_at: int, tensor_at: int
+) -> "Callable[..., Any]":
     seen = _sync.seen
 
-    def collective(*args: Any, **kwargs: Any) -> Any:
+    def collective(*args: "Any", **kwargs: "Any") -> "Any":
         if recorder._writer is None or len(seen) >= MAX_SYNC_GROUPS:
             return original(*args, **kwargs)
         group = args[group_at] if len(args) > group_at else kwargs.get("group")
@@ -428,7 +427,7 @@ def _collective_wrapper(
     return _mark(collective, original)
 
 
-def _begin_collective(dist: Any, name: str, group: Any, tensor: Any) -> str:
+def _begin_collective(dist: "Any", name: str, group: "Any", tensor: "Any") -> str:
     """Begin the span of a group's first collective ("" when this rank is not in the group)."""
     try:
         rank = int(dist.get_rank())

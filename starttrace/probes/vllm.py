@@ -15,8 +15,6 @@ Roles (process attribute `starttrace.role`):
   multiprocessing resource tracker (recognised from the command line at activation).
 """
 
-from __future__ import annotations
-
 import sys
 
 from starttrace import recorder
@@ -52,7 +50,8 @@ HELPER_MARKERS = (
 
 
 def install() -> None:
-    """Register post-import hooks (called at activation; reads argv, patches nothing yet)."""
+    """Register post-import hooks (at activation when argv names vLLM, else when the program first
+    imports a module they patch: probes/__init__.py; reads argv, patches nothing yet)."""
     _role_from_command_line()
     for module, hook in _HOOKS:
         recorder.when_imported(module, hook)
@@ -80,7 +79,7 @@ def _is_vllm_serve(argv: list[str]) -> bool:
 # argument helpers
 
 
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
+def _arg(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", index: int, name: str) -> "Any":
     if name in kwargs:
         return kwargs[name]
     if len(args) > index:
@@ -88,7 +87,7 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -
     return None
 
 
-def _world_size(vllm_config: Any) -> int | None:
+def _world_size(vllm_config: "Any") -> int | None:
     try:
         value = vllm_config.parallel_config.world_size
         return int(value)
@@ -96,8 +95,8 @@ def _world_size(vllm_config: Any) -> int | None:
         return None
 
 
-def _role(role: str) -> Before:
-    def before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Attrs | None:
+def _role(role: str) -> "Before":
+    def before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs | None":
         if recorder.process_attrs.get("starttrace.role") != role:
             set_role_and_attrs({"starttrace.role": role})
         return None
@@ -105,7 +104,7 @@ def _role(role: str) -> Before:
     return before
 
 
-def _worker_identity(rank: Any, local_rank: Any, vllm_config: Any) -> Attrs:
+def _worker_identity(rank: "Any", local_rank: "Any", vllm_config: "Any") -> "Attrs":
     attrs: Attrs = {"starttrace.role": "worker"}
     if isinstance(rank, int):
         attrs["starttrace.rank"] = rank
@@ -117,13 +116,13 @@ def _worker_identity(rank: Any, local_rank: Any, vllm_config: Any) -> Attrs:
     return attrs
 
 
-def _worker_main_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Attrs | None:
+def _worker_main_before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs | None":
     # WorkerProc.worker_main(*args, **kwargs): the executor passes everything as keywords.
     set_role_and_attrs(_worker_identity(kwargs.get("rank"), kwargs.get("local_rank"), kwargs.get("vllm_config")))
     return None
 
 
-def _worker_init_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Attrs | None:
+def _worker_init_before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs | None":
     # WorkerProc.__init__(self, vllm_config, local_rank, rank, distributed_init_method, ...)
     vllm_config = _arg(args, kwargs, 1, "vllm_config")
     local_rank = _arg(args, kwargs, 2, "local_rank")
@@ -139,7 +138,7 @@ def _worker_init_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Attrs 
     return attrs
 
 
-def _engine_core_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Attrs | None:
+def _engine_core_before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs | None":
     attrs: Attrs = {"starttrace.role": "engine_core"}
     dp_rank = kwargs.get("dp_rank", 0)
     if isinstance(dp_rank, int):
@@ -148,7 +147,7 @@ def _engine_core_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Attrs 
     return None
 
 
-def _dist_env_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Attrs | None:
+def _dist_env_before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs | None":
     # init_distributed_environment(world_size, rank, distributed_init_method, local_rank, backend, timeout)
     attrs: Attrs = {}
     for index, name in enumerate(("world_size", "rank", "distributed_init_method", "local_rank", "backend")):
@@ -159,7 +158,7 @@ def _dist_env_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Attrs | N
     return attrs
 
 
-def _model_parallel_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Attrs | None:
+def _model_parallel_before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs | None":
     # initialize_model_parallel(tensor_model_parallel_size, pipeline_model_parallel_size, ...)
     attrs: Attrs = {}
     for index, name in enumerate(("tensor_model_parallel_size", "pipeline_model_parallel_size")):
@@ -172,7 +171,7 @@ def _model_parallel_before(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Att
     return attrs
 
 
-def _kv_bytes_after(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> Attrs | None:
+def _kv_bytes_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
     if isinstance(result, int):
         return {"vllm.kv_cache.available_bytes": result}
     if isinstance(result, list) and result and all(isinstance(v, int) for v in result):
@@ -180,7 +179,7 @@ def _kv_bytes_after(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) 
     return None
 
 
-def _load_model_after(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> Attrs | None:
+def _load_model_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
     worker = args[0] if args else None
     attrs: Attrs = {}
     try:
@@ -196,7 +195,7 @@ def _load_model_after(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any
     return attrs or None
 
 
-def _config_after(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> Attrs | None:
+def _config_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
     attrs: Attrs = {}
     try:
         attrs["vllm.model"] = str(result.model_config.model)
@@ -225,8 +224,8 @@ def _config_after(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) ->
 Row = tuple  # (str, str | None, str, Before | None, After | None)
 
 
-def _identity_only(original: Callable[..., Any], before: Before) -> Callable[..., Any]:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+def _identity_only(original: "Callable[..., Any]", before: "Before") -> "Callable[..., Any]":
+    def wrapper(*args: "Any", **kwargs: "Any") -> "Any":
         if recorder._writer is not None:
             try:
                 before(args, kwargs)
@@ -237,7 +236,7 @@ def _identity_only(original: Callable[..., Any], before: Before) -> Callable[...
     code = getattr(original, "__code__", None)
     if code is not None and code.co_flags & 0x80:  # a coroutine function
 
-        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+        async def async_wrapper(*args: "Any", **kwargs: "Any") -> "Any":
             if recorder._writer is not None:
                 try:
                     before(args, kwargs)
@@ -249,7 +248,9 @@ def _identity_only(original: Callable[..., Any], before: Before) -> Callable[...
     return _mark(wrapper, original)
 
 
-def _wrap(module: Any, path: str, name: str | None, phase: str, before: Before | None, after: After | None) -> None:
+def _wrap(
+    module: "Any", path: str, name: str | None, phase: str, before: "Before | None", after: "After | None"
+) -> None:
     """Wrap `module.<path>` (path = "func" or "Class.method")."""
     owner: Any = module
     *parents, attr = path.split(".")
@@ -272,8 +273,8 @@ def _wrap(module: Any, path: str, name: str | None, phase: str, before: Before |
         note_attached(label)
 
 
-def _hook(table: tuple[Row, ...]) -> Callable[[Any], None]:
-    def hook(module: Any) -> None:
+def _hook(table: "tuple[Row, ...]") -> "Callable[[Any], None]":
+    def hook(module: "Any") -> None:
         for path, name, phase, before, after in table:
             try:
                 _wrap(module, path, name, phase, before, after)
@@ -285,7 +286,7 @@ def _hook(table: tuple[Row, ...]) -> Callable[[Any], None]:
     return hook
 
 
-def _init_worker_after(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> Attrs | None:
+def _init_worker_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
     """After WorkerWrapperBase.init_worker: wrap the worker class vLLM resolved at run time."""
     worker = getattr(args[0], "worker", None) if args else None
     if worker is None:
@@ -306,15 +307,15 @@ def _init_worker_after(args: tuple[Any, ...], kwargs: dict[str, Any], result: An
 
 
 def _method_wrapper(
-    name: str, phase: str, label: str, after: After | None
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def make(fn: Callable[..., Any]) -> Callable[..., Any]:
+    name: str, phase: str, label: str, after: "After | None"
+) -> "Callable[[Callable[..., Any]], Callable[..., Any]]":
+    def make(fn: "Callable[..., Any]") -> "Callable[..., Any]":
         return traced(fn, name, phase, {"code.function": label}, None, after)
 
     return make
 
 
-def _init_device_after(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> Attrs | None:
+def _init_device_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
     """The model runner exists once init_device returned: wrap its class."""
     worker = args[0] if args else None
     runner = getattr(worker, "model_runner", None)
@@ -325,7 +326,7 @@ def _init_device_after(args: tuple[Any, ...], kwargs: dict[str, Any], result: An
     return {"vllm.device": str(device)} if device is not None else None
 
 
-def _patch_model_runner(runner: Any) -> None:
+def _patch_model_runner(runner: "Any") -> None:
     klass = type(runner)
     for method, name, phase in MODEL_RUNNER_METHODS:
         if not hasattr(klass, method):
@@ -338,43 +339,45 @@ def _patch_model_runner(runner: Any) -> None:
 # Per defining module. vLLM modules import these by name (`from .parallel_state import *`,
 # `from ..launcher import serve_http`): the hook runs right after the defining module finished
 # importing, before the importer binds the name, so the importer gets the wrapper.
-_ARG_UTILS: tuple[Row, ...] = (
+_ARG_UTILS: "tuple[Row, ...]" = (
     ("EngineArgs.create_engine_config", "vllm.create_engine_config", "config", None, _config_after),
 )
-_LAUNCHER: tuple[Row, ...] = (
+_LAUNCHER: "tuple[Row, ...]" = (
     ("setup_server", "vllm.api_server.setup", "api_server", _role("api_server"), None),
     ("serve_http", None, "api_server", _role("api_server"), None),
 )
-_APP: tuple[Row, ...] = (("build_app", "vllm.api_server.build_app", "api_server", None, None),)
-_APP_STATE: tuple[Row, ...] = (("init_app_state", "vllm.api_server.init_app_state", "api_server", None, None),)
-_ASYNC_LLM: tuple[Row, ...] = (("AsyncLLM.__init__", "vllm.async_llm.init", "engine_init", None, None),)
-_LLM_ENGINE: tuple[Row, ...] = (("LLMEngine.__init__", "vllm.llm_engine.init", "engine_init", None, None),)
-_ENGINE_UTILS: tuple[Row, ...] = (("wait_for_engine_startup", "vllm.wait_for_engine_core", "engine_init", None, None),)
-_ENGINE_CORE: tuple[Row, ...] = (
+_APP: "tuple[Row, ...]" = (("build_app", "vllm.api_server.build_app", "api_server", None, None),)
+_APP_STATE: "tuple[Row, ...]" = (("init_app_state", "vllm.api_server.init_app_state", "api_server", None, None),)
+_ASYNC_LLM: "tuple[Row, ...]" = (("AsyncLLM.__init__", "vllm.async_llm.init", "engine_init", None, None),)
+_LLM_ENGINE: "tuple[Row, ...]" = (("LLMEngine.__init__", "vllm.llm_engine.init", "engine_init", None, None),)
+_ENGINE_UTILS: "tuple[Row, ...]" = (
+    ("wait_for_engine_startup", "vllm.wait_for_engine_core", "engine_init", None, None),
+)
+_ENGINE_CORE: "tuple[Row, ...]" = (
     ("EngineCoreProc.run_engine_core", None, "engine_init", _engine_core_before, None),
     ("EngineCoreProc.__init__", "vllm.engine_core.init", "engine_init", _role("engine_core"), None),
     ("EngineCore._initialize_kv_caches", "vllm.engine_core.init_kv_caches", "kv_cache", None, None),
     ("EngineCoreProc.run_busy_loop", "vllm.engine_core.busy_loop", "idle", None, None),
 )
-_EXECUTOR: tuple[Row, ...] = (("Executor.__init__", "vllm.executor.init", "executor_init", None, None),)
-_MULTIPROC_EXECUTOR: tuple[Row, ...] = (
+_EXECUTOR: "tuple[Row, ...]" = (("Executor.__init__", "vllm.executor.init", "executor_init", None, None),)
+_MULTIPROC_EXECUTOR: "tuple[Row, ...]" = (
     ("WorkerProc.worker_main", None, "worker_init", _worker_main_before, None),
     ("WorkerProc.__init__", "vllm.worker.init", "worker_init", _worker_init_before, None),
     ("WorkerProc.wait_for_ready", "vllm.executor.wait_for_workers", "executor_init", None, None),
     ("WorkerProc.worker_busy_loop", "vllm.worker.busy_loop", "idle", None, None),
 )
-_WORKER_BASE: tuple[Row, ...] = (
+_WORKER_BASE: "tuple[Row, ...]" = (
     ("WorkerWrapperBase.init_worker", "vllm.worker.init_worker", "worker_init", None, _init_worker_after),
 )
-_PARALLEL_STATE: tuple[Row, ...] = (
+_PARALLEL_STATE: "tuple[Row, ...]" = (
     ("init_distributed_environment", "vllm.init_distributed_environment", "dist_init", _dist_env_before, None),
     ("initialize_model_parallel", "vllm.initialize_model_parallel", "dist_init", _model_parallel_before, None),
 )
-_COMPILATION_BACKENDS: tuple[Row, ...] = (("VllmBackend.__call__", "vllm.compile", "compile", None, None),)
+_COMPILATION_BACKENDS: "tuple[Row, ...]" = (("VllmBackend.__call__", "vllm.compile", "compile", None, None),)
 
 # Methods of the worker class vLLM resolves at run time (CPUWorker, Worker, XPUWorker, plugin
 # workers): wrapped on that class after WorkerWrapperBase.init_worker built the worker.
-WORKER_METHODS: tuple[tuple[str, str, str, After | None], ...] = (
+WORKER_METHODS: "tuple[tuple[str, str, str, After | None], ...]" = (
     ("init_device", "vllm.worker.init_device", "device_init", _init_device_after),
     ("load_model", "vllm.model_load", "model_load", _load_model_after),
     ("determine_available_memory", "vllm.kv_cache.profile", "kv_cache", _kv_bytes_after),
@@ -388,7 +391,7 @@ MODEL_RUNNER_METHODS: tuple[tuple[str, str, str], ...] = (
     ("warming_up_model", "vllm.warmup", "compile"),
 )
 
-_HOOKS: tuple[tuple[str, Callable[[Any], None]], ...] = (
+_HOOKS: "tuple[tuple[str, Callable[[Any], None]], ...]" = (
     ("vllm.engine.arg_utils", _hook(_ARG_UTILS)),
     ("vllm.entrypoints.launchers.launcher", _hook(_LAUNCHER)),
     ("vllm.entrypoints.launchers.app", _hook(_APP)),

@@ -12,14 +12,23 @@ Readers here never write or lock anything; they read live journals as they are.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 V1_SUFFIX = ".jsonl"
 V2_SUFFIX = ".journal"
 _SEGMENT = re.compile(r"(?P<journal>.+)\.(?P<n>\d+)\.journal")
 _CHUNK = 1 << 16
+
+
+CLOCK_PREFIX = "clock-"  # clock-<root span id>.json: a host's NTP state (starttrace.clocksync.record)
+
+
+def is_clock_file(name: str) -> bool:
+    return name.startswith(CLOCK_PREFIX) and name.endswith(".json")
 
 
 def is_journal_file(name: str) -> bool:
@@ -132,7 +141,7 @@ def used_bytes(path: Path, known: int = 0) -> int:
 
 
 def journal_signature(run_dir: Path, known: dict[str, int] | None = None) -> tuple[tuple[str, int, int], ...]:
-    """(name, bytes in use, mtime ns) of run.json and every journal file in `run_dir`, sorted: it
+    """(name, bytes in use, mtime ns) of run.json, the clock files and every journal file in `run_dir`, sorted: it
     changes whenever a record is added, also to a version 2 segment (whose size and mtime may not
     change). `known` (name -> bytes in use) is read and updated, so that a poll reads only new bytes."""
     known = {} if known is None else known
@@ -141,11 +150,12 @@ def journal_signature(run_dir: Path, known: dict[str, int] | None = None) -> tup
         with os.scandir(run_dir) as entries:
             for entry in entries:
                 name = entry.name
-                if name != "run.json" and not is_journal_file(name):
+                journal = is_journal_file(name)
+                if not journal and name != "run.json" and not is_clock_file(name):
                     continue
                 try:
                     stat = entry.stat()
-                    used = stat.st_size if name == "run.json" else used_bytes(Path(entry.path), known.get(name, 0))
+                    used = used_bytes(Path(entry.path), known.get(name, 0)) if journal else stat.st_size
                 except OSError:
                     continue
                 known[name] = used
@@ -153,3 +163,39 @@ def journal_signature(run_dir: Path, known: dict[str, int] | None = None) -> tup
     except OSError:
         return ()
     return tuple(sorted(out))
+
+
+_HEX_DIGITS = frozenset(b"0123456789abcdef")
+
+
+def parse_record(raw: bytes) -> dict[str, Any]:
+    """One journal record as a dict. A JSON record is parsed as it is; a compact import record
+    (version 3: `I<span><parent><t> <module>`, `E<span><dt>[ <path>]`, docs/journal.md) becomes the
+    JSON record it stands for, with `dt` (ns since its begin) in place of `t` for an `E`.
+    Raises ValueError for a malformed record."""
+    lead = raw[:1]
+    if lead == b"I":
+        head, sep, name = raw.partition(b" ")
+        if not sep or len(head) < 34 or not _HEX_DIGITS.issuperset(head[1:33]):
+            raise ValueError("malformed import begin record")
+        module = name.decode()
+        return {
+            "k": "b",
+            "s": head[1:17].decode(),
+            "p": head[17:33].decode(),
+            "n": "import " + module,
+            "t": int(head[33:]),
+            "a": {"starttrace.phase": "import", "starttrace.import.module": module},
+        }
+    if lead == b"E":
+        head, sep, path = raw.partition(b" ")
+        if len(head) < 18 or not _HEX_DIGITS.issuperset(head[1:17]):
+            raise ValueError("malformed import end record")
+        record: dict[str, Any] = {"k": "e", "s": head[1:17].decode(), "dt": int(head[17:])}
+        if sep:
+            record["a"] = {"code.file.path": path.decode()}
+        return record
+    item = json.loads(raw)
+    if not isinstance(item, dict):
+        raise ValueError("not an object")
+    return item

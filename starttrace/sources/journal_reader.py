@@ -17,7 +17,7 @@ from typing import Any
 
 from starttrace.boot import default_journal_root, process_start_monotonic
 from starttrace.run import Link, Process, Run, Span
-from starttrace.sources.journal_files import journal_files, journal_lines
+from starttrace.sources.journal_files import CLOCK_PREFIX, journal_files, journal_lines, parse_record
 
 __all__ = [
     "EmptyRun",
@@ -119,9 +119,7 @@ def _parse_journal(path: Path) -> _ParsedJournal | str | None:
         if not raw.strip():
             continue
         try:
-            item = json.loads(raw)
-            if not isinstance(item, dict):
-                raise ValueError("not an object")
+            item = parse_record(raw)
         except ValueError:
             last = number == len(lines) or (number == len(lines) - 1 and not lines[-1])
             problems.append(f"skipped {'cut last' if last else 'malformed'} line {number} of {path.name}")
@@ -151,10 +149,11 @@ def _parse_journal(path: Path) -> _ParsedJournal | str | None:
                 )
                 spans[span.span_id] = span
             elif kind == "e":
+                end_id = str(item["s"])
                 ends.append(
                     {
-                        "s": str(item["s"]),
-                        "t": int(item["t"]) - mono + epoch,
+                        "s": end_id,
+                        "t": int(item["t"]) - mono + epoch if "dt" not in item else spans[end_id].start_ns + item["dt"],
                         "a": item.get("a"),
                         "err": item.get("err"),
                     }
@@ -277,6 +276,7 @@ def read_run(run_dir: Path) -> Run:
         process.alive = False if process.exited else _alive(process.pid, created_mono, str(record.get("host", "")))
         processes.append(process)
 
+    _add_clock_states(run_dir, processes)
     _resolve_parents(processes, root_spans, all_spans, {root_span_id, *(s.span_id for s in root_spans)})
     _end_process_lanes(processes, root_spans)
     _import_self_times(processes)
@@ -285,6 +285,23 @@ def read_run(run_dir: Path) -> Run:
     processes.sort(key=lambda p: p.created_ns)
     service = meta.get("service") if isinstance(meta.get("service"), str) else None
     return Run(run_id, trace_id, root_span_id, meta, processes, problems, root_spans, run_dir, service=service)
+
+
+def _add_clock_states(run_dir: Path, processes: list[Process]) -> None:
+    """The kernel's NTP state per host, from the run folder's clock files (a root's helper wrote
+    them: `starttrace.clocksync.record`), on every process of that host's kernel."""
+    states: dict[str, dict[str, Any]] = {}  # kernel boot id -> NTP attributes
+    for path in sorted(run_dir.glob(f"{CLOCK_PREFIX}*.json")):
+        try:
+            body = json.loads(path.read_text(encoding="utf-8"))
+            boot, attrs = str(body["domain"]).partition("/")[0], body["attrs"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(attrs, dict):
+            states.setdefault(boot, {}).update(attrs)
+    for process in processes if states else ():
+        for key, value in states.get(process.clock_domain.partition("/")[0], {}).items():
+            process.resource.setdefault(key, value)
 
 
 def _resolve_parents(

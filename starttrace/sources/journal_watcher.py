@@ -4,7 +4,9 @@ Every `poll_s` the watcher looks at the files of each run folder; a run whose fi
 costs one `stat` per file (and, for a version 2 segment, a read of the byte after its last record:
 its size is fixed). A changed run is re-read with `starttrace.sources.journal_reader.read_run` (the reader
 resolves cross-process links, so a run is read as a whole), and only the spans that are new or
-changed since the last read (ended, new attributes, re-parented) are written to the store.
+changed since the last read (ended, new attributes, re-parented) are written to the store. A
+torchrun agent's first run, read before the agent moved into its launch's run, is dropped once
+that run names it and its folder is gone (probes/torchelastic.py).
 """
 
 from __future__ import annotations
@@ -102,13 +104,28 @@ class JournalWatcher:
             try:
                 run = read_run(run_dir)
             except ReaderError as exc:
-                self._error(f"{run_dir.name}: {exc}")
+                if run_dir.is_dir():  # not a folder that went away meanwhile (a torchrun agent's first run)
+                    self._error(f"{run_dir.name}: {exc}")
                 self._signatures[key] = sig
                 continue
             self._signatures[key] = sig
             self.store.submit(self._batch(run), block=True)
+            self._forget_moved_from(run)
             changed += 1
         return changed
+
+    def _forget_moved_from(self, run: Any) -> None:
+        """A torchrun agent's journal starts in its command line's run and moves into its launch's
+        (probes/torchelastic.py; `starttrace.job.first_run_id` names the first): a first run read
+        here before the move, whose folder is gone now, is dropped from the store."""
+        firsts = {p.resource.get("starttrace.job.first_run_id") for p in run.processes}
+        for first in firsts - {None, run.run_id}:
+            if not isinstance(first, str) or first not in self._sent or (self.root / first).exists():
+                continue
+            self.store.flush()
+            self.store.delete_runs([first])
+            self._sent.pop(first, None)
+            self._signatures.pop(str(self.root / first), None)
 
     def _batch(self, run: Any) -> IngestBatch:
         sent = self._sent.setdefault(run.run_id, {})

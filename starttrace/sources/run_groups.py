@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from starttrace.run import Run
@@ -38,6 +41,27 @@ def signatures(resources: list[dict[str, Any]]) -> set[Signature]:
         if isinstance(master, str) and master and isinstance(world, int) and world > 1:
             out.add(("dist", master, world))
     return out
+
+
+def closure(
+    start: str, overlapping: Callable[[str], Iterable[str]], sigs: Callable[[str], set[Signature]]
+) -> list[str]:
+    """`start` and every run joined with it (start first): runs that overlap one of the group in
+    time (`overlapping`) and name a rendezvous it names (`sigs`), transitively, up to MAX_GROUP."""
+    if not sigs(start):
+        return [start]
+    members = [start]
+    todo = [start]
+    while todo and len(members) < MAX_GROUP:
+        current = todo.pop()
+        mine = sigs(current)
+        for other in overlapping(current):
+            if len(members) >= MAX_GROUP:
+                break
+            if other not in members and mine & sigs(other):
+                members.append(other)
+                todo.append(other)
+    return members
 
 
 class RunGroups:
@@ -72,31 +96,27 @@ class RunGroups:
         info = self._runs([run_id]).get(run_id)
         if info is None:
             return [run_id]
-        if not self._signatures(run_id, info[0]):
-            return [run_id]
-        members = [run_id]
-        todo = [run_id]
         known = {run_id: info}
-        while todo and len(members) < MAX_GROUP:
-            current = todo.pop()
-            version, first, last = known[current]
+
+        def sigs(rid: str) -> set[Signature]:
+            return self._signatures(rid, known[rid][0])
+
+        def overlapping(rid: str) -> list[str]:
+            _, first, last = known[rid]
             if first is None or last is None:
-                continue
-            mine = self._signatures(current, version)
+                return []
             rows = self.store._reader().execute(
                 "SELECT run_id, version, first_ns, last_ns FROM runs WHERE first_ns <= ? AND last_ns >= ?"
                 " AND run_id != ? ORDER BY first_ns LIMIT ?",
-                (last, first, current, MAX_CANDIDATES),
+                (last, first, rid, MAX_CANDIDATES),
             )
-            for rid, v, f, la in rows:
-                rid = str(rid)
-                if rid in members:
-                    continue
-                if mine & self._signatures(rid, int(v)):
-                    members.append(rid)
-                    known[rid] = (int(v), f, la)
-                    todo.append(rid)
-        return members
+            found = []
+            for other, v, f, la in rows:
+                known.setdefault(str(other), (int(v), f, la))
+                found.append(str(other))
+            return found
+
+        return closure(run_id, overlapping, sigs)
 
     def version(self, run_id: str) -> int | None:
         """A version of the joined run that changes whenever any of its runs does."""
@@ -140,3 +160,79 @@ def join_runs(run: Run, others: list[Run], version: int) -> Run:
     return dataclasses.replace(
         run, processes=processes, root_spans=root_spans, meta=meta, problems=problems, version=version
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# journal folders (the CLI): the same join over the runs of one journal root
+
+SLACK_NS = 600 * 10**9  # how far a folder's own times (run.json, file mtimes) may be off its spans'
+
+
+def window(run: Run) -> tuple[int, int] | None:
+    """(first, last) epoch ns of a run's spans, as the store keeps them (`runs.first_ns/last_ns`)."""
+    first = last = None
+    for span in [*run.root_spans, *(s for p in run.processes for s in p.spans)]:
+        end = span.end_ns if span.end_ns is not None else span.start_ns
+        first = span.start_ns if first is None else min(first, span.start_ns)
+        last = end if last is None else max(last, end)
+    return None if first is None or last is None else (first, last)
+
+
+def _folder_window(run_dir: Path) -> tuple[int, int] | None:
+    """A cheap, loose (first, last) of a run folder before reading it: run.json's creation time
+    and the newest file time, widened by SLACK_NS."""
+    try:
+        stats = [entry.stat().st_mtime_ns for entry in os.scandir(run_dir) if entry.is_file()]
+        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8")) if (run_dir / "run.json").exists() else {}
+    except (OSError, ValueError):
+        return None
+    created = meta.get("created_epoch_ns") if isinstance(meta, dict) else None
+    if not stats:
+        return None
+    first = created if isinstance(created, int) else min(stats)
+    return first - SLACK_NS, max(stats) + SLACK_NS
+
+
+def join_journal_runs(run: Run, root: Path) -> Run:
+    """`run` (read from a folder of the journal root `root`) joined with the per-node runs of the
+    same job in that root, as the service joins stored runs (`RunGroups`): the CLI's reports and
+    exports of a shared STARTTRACE_DIR show the whole job."""
+    from starttrace.sources.journal_reader import ReaderError, list_run_dirs, read_run
+
+    runs: dict[str, Run] = {run.run_id: run}
+    windows: dict[str, tuple[int, int] | None] = {run.run_id: window(run)}
+    own_dir = Path(run.path).resolve() if run.path else None
+    folders = {p.name: p for p in list_run_dirs(Path(root)) if own_dir is None or p.resolve() != own_dir}
+
+    def sigs(rid: str) -> set[Signature]:
+        return signatures([p.resource for p in runs[rid].processes])
+
+    loose_windows: dict[str, tuple[int, int] | None] = {}
+
+    def overlapping(rid: str) -> list[str]:
+        span = windows.get(rid)
+        if span is None:
+            return []
+        found = []
+        for name, folder in list(folders.items())[:MAX_CANDIDATES]:
+            if name not in loose_windows:
+                loose_windows[name] = _folder_window(folder)
+            loose = loose_windows[name]
+            if name not in runs and (loose is None or loose[0] > span[1] or loose[1] < span[0]):
+                continue
+            if name not in runs:
+                try:
+                    runs[name] = read_run(folder)
+                except ReaderError:
+                    folders.pop(name)
+                    continue
+                windows[name] = window(runs[name])
+            other = windows[name]
+            if other is not None and other[0] <= span[1] and other[1] >= span[0]:
+                found.append(name)
+        return found
+
+    members = closure(run.run_id, overlapping, sigs)
+    if len(members) == 1:
+        return run
+    return join_runs(run, [runs[rid] for rid in members[1:]], run.version)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from starttrace.sources.journal_files import is_journal_file
 from starttrace.sources.journal_reader import Process, list_run_dirs, read_run
 
 
@@ -240,7 +241,7 @@ def test_full_disk_disables_the_journal_once_and_keeps_what_was_written(tmp_path
     run = only_run(tmp_path / "runs")
     (process,) = run.processes
     # nothing was written past the limit: the segment that could not be allocated is not there
-    assert [p.name for p in process.journal_path.parent.iterdir() if p.name != "run.json"] == [
+    assert [p.name for p in process.journal_path.parent.iterdir() if is_journal_file(p.name)] == [
         process.journal_path.name
     ]
     assert process.journal_path.stat().st_size <= max(limit, 256 * 1024)

@@ -9,7 +9,9 @@ node with its own journal folder), or the journals of both nodes land in one sha
 the service watches. Either way: one run with ranks 0-3 on both hosts, whose ranks leave the
 barrier within ALIGN_S of each other on the page JSON and in every export, although the ranks'
 own wall clocks there differ by SKEW_S; the estimated offset is within OFFSET_TOLERANCE_S of the
-injected one.
+injected one. Each agent starts on the run its command line derives and moves into the run the
+group-rank-0 agent publishes in the rendezvous store (probes/torchelastic.py): launched again with
+the identical command line, the job is a second run (and trace), again with ranks 0-3 on both hosts.
 
 Needs root (namespaces), util-linux `unshare` and Debian `faketime` (scripts/setup.sh).
 """
@@ -62,18 +64,23 @@ def _torchrun_args(rdzv_port: int, job_id: str, local_addr: str) -> list[str]:
 
 
 def _run_job(
-    tmp_path: Path, clean_env: Callable[..., dict[str, str]], journal_dirs: dict[str, Path], otlp_url: str | None
-) -> tuple[str, list[dict[str, Any]]]:
-    """Both nodes of one job; returns the run id every node derives and the ranks' own lines."""
-    rdzv_port = free_port()
-    job_id = f"mn{os.getpid()}-{rdzv_port}"
+    tmp_path: Path,
+    clean_env: Callable[..., dict[str, str]],
+    journal_dirs: dict[str, Path],
+    otlp_url: str | None,
+    launch: tuple[int, str] | None = None,
+) -> tuple[str, list[dict[str, Any]], tuple[int, str]]:
+    """Both nodes of one job (`launch`: the rendezvous port and id of an earlier launch, to relaunch
+    the identical command line); returns the run id both nodes traced, the ranks' own lines and the
+    launch's (port, id)."""
+    rdzv_port, job_id = launch or (free_port(), f"mn{os.getpid()}-{time.monotonic_ns() % 10**6}")
     procs: list[tuple[Node, subprocess.Popen[bytes], Path]] = []
     for node in NODES:
         traced = {"STARTTRACE": "1", "STARTTRACE_DIR": str(journal_dirs[node.name])}
         if otlp_url:
             traced["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_url
         command = node_command(node, _torchrun_args(rdzv_port, job_id, node.local_addr), traced)
-        log = tmp_path / f"{node.name}.log"
+        log = tmp_path / f"{node.name}-{time.monotonic_ns()}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 command, stdout=out, stderr=subprocess.STDOUT, env=clean_env(), start_new_session=True
@@ -89,12 +96,19 @@ def _run_job(
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
     ranks = []
+    traced_runs = {}
+    argv_job = from_argv(["python", *_torchrun_args(rdzv_port, job_id, "x")])
+    assert argv_job is not None
     for node, _, log in procs:
-        for text in re.findall(r'\{"rank": [^{}]*"left_barrier_ns"[^{}]*\}', log.read_text(errors="replace")):
-            ranks.append(dict(json.loads(text), node=node.name))  # the ranks' lines may share a line
-    job = from_argv(["python", *_torchrun_args(rdzv_port, job_id, "x")])
-    assert job is not None
-    return job.run_id, ranks
+        text = log.read_text(errors="replace")
+        for line in re.findall(r'\{"rank": [^{}]*"left_barrier_ns"[^{}]*\}', text):
+            ranks.append(dict(json.loads(line), node=node.name))  # the ranks' lines may share a line
+        # each agent starts on its command line's run, then adopts the launch's (probes/torchelastic.py)
+        adopted = re.findall(r"starttrace: tracing run (\S+) -> \S+ \(this launch's; was (\S+)\)", text)
+        assert len(adopted) == 1 and adopted[0][1] == argv_job.run_id, text[-3000:]
+        traced_runs[node.name] = adopted[0][0]
+    assert len(set(traced_runs.values())) == 1, f"the nodes traced different runs: {traced_runs}"
+    return traced_runs[NODES[0].name], ranks, (rdzv_port, job_id)
 
 
 @pytest.fixture
@@ -159,9 +173,11 @@ def _barrier_exits_s(page: dict[str, Any]) -> dict[int, float]:
     return exits
 
 
-def _check_page(page: dict[str, Any], run_id: str, ranks: list[dict[str, Any]]) -> None:
+def _check_page(page: dict[str, Any], run_id: str, ranks: list[dict[str, Any]], others: tuple[str, ...] = ()) -> None:
+    """`others`: the runs of other launches the service holds too."""
     assert page["run_id"] == run_id
-    assert [r["run_id"] for r in page["all_runs"]] == [run_id], "both nodes in one run"
+    assert sorted(r["run_id"] for r in page["all_runs"]) == sorted([run_id, *others]), "both nodes in one run"
+    assert len(page["trace_id"]) == 32
     # the ranks' own wall clocks: the barrier's exit differs by the injected skew between the nodes
     own = {r["rank"]: r for r in ranks}
     assert sorted(own) == [0, 1, 2, 3]
@@ -230,12 +246,12 @@ def test_torchrun_two_nodes_over_otlp(
 ) -> None:
     url = service("--no-journal")
     dirs = {n.name: tmp_path / n.name / "runs" for n in NODES}  # each node's own disk
-    run_id, ranks = _run_job(tmp_path, clean_env, dirs, otlp_url=url)
-    for node in NODES:  # each node traced its own part under the same run id
+    run_id, ranks, launch = _run_job(tmp_path, clean_env, dirs, otlp_url=url)
+    for node in NODES:  # each node traced its own part under the same run id; the first folder is gone
         assert [p.name for p in dirs[node.name].iterdir()] == [run_id]
     page = _wait_for_run(url, run_id, processes=6)
     _check_page(page, run_id, ranks)
-    assert page["trace_id"] == from_argv_trace(run_id, page), "the trace id is the job's, on every node"
+    assert {_trace_of(dirs[n.name] / run_id) for n in NODES} == {page["trace_id"]}, "one trace on every node"
     _exports_aligned(lambda fmt: httpx.get(f"{url}/runs/{run_id}/export?format={fmt}", timeout=30).json(), run_id)
     # each node's exporter measured its clock against the service (NTP-style exchange)
     otlp = httpx.get(f"{url}/runs/{run_id}/export?format=otlp-json", timeout=30).json()
@@ -247,25 +263,37 @@ def test_torchrun_two_nodes_over_otlp(
     assert set(exchange) == {"node-a", "node-b"}
     assert abs(exchange["node-b"] / 1e9 - SKEW_S) <= OFFSET_TOLERANCE_S, exchange
     assert abs(exchange["node-a"] / 1e9) <= OFFSET_TOLERANCE_S, exchange
+    # the identical command line launched again: a run (and trace) of its own, again with both nodes
+    again, ranks_again, _ = _run_job(tmp_path, clean_env, dirs, otlp_url=url, launch=launch)
+    assert again != run_id
+    for node in NODES:
+        assert sorted(p.name for p in dirs[node.name].iterdir()) == sorted([run_id, again])
+    page_again = _wait_for_run(url, again, processes=6)
+    _check_page(page_again, again, ranks_again, others=(run_id,))
+    assert page_again["trace_id"] != page["trace_id"]
+    assert len(_wait_for_run(url, run_id, processes=6)["lanes"]) == 6, "the first launch's run is unchanged"
 
 
-def from_argv_trace(run_id: str, page: dict[str, Any]) -> str:
-    """The trace id the page shows must be 32 hex digits that start with the run id's hash."""
-    trace = page["trace_id"]
-    assert len(trace) == 32 and trace.startswith(run_id.rpartition("-")[2])
-    return trace
+def _trace_of(run_dir: Path) -> str:
+    return str(json.loads((run_dir / "run.json").read_text())["trace_id"])
 
 
 def test_torchrun_two_nodes_shared_journal_dir(
     tmp_path: Path, clean_env: Callable[..., dict[str, str]], service: Callable[..., str]
 ) -> None:
     shared = tmp_path / "shared" / "runs"  # one filesystem that both nodes mount
-    run_id, ranks = _run_job(tmp_path, clean_env, {n.name: shared for n in NODES}, otlp_url=None)
+    run_id, ranks, launch = _run_job(tmp_path, clean_env, {n.name: shared for n in NODES}, otlp_url=None)
     run_dir = shared / run_id
     assert [p.name for p in shared.iterdir()] == [run_id], "both nodes wrote into one run folder"
+    # the identical command line launched again: a run folder of its own, again with both nodes
+    again, ranks_again, _ = _run_job(tmp_path, clean_env, {n.name: shared for n in NODES}, None, launch=launch)
+    assert again != run_id and sorted(p.name for p in shared.iterdir()) == sorted([run_id, again])
     url = service("--journal-dir", str(shared))
     page = _wait_for_run(url, run_id, processes=6)
-    _check_page(page, run_id, ranks)
+    _check_page(page, run_id, ranks, others=(again,))
+    page_again = _wait_for_run(url, again, processes=6)
+    _check_page(page_again, again, ranks_again, others=(run_id,))
+    assert page["trace_id"] == _trace_of(run_dir) != page_again["trace_id"] == _trace_of(shared / again)
     # pids repeat across the two hosts (own pid namespaces); each launch still found its node's child
     lanes = page["lanes"]
     pids = [ln["pid"] for ln in lanes]

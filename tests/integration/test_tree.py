@@ -283,7 +283,11 @@ def test_a_helper_ready_is_not_the_run_ready(tree: TracedTree) -> None:
     assert model.ready_ns is None and model.status != "ready"
     startup = tree.run.startup
     assert startup is not None and startup.end_ns is not None
-    assert abs(model.startup_s - (startup.end_ns - startup.start_ns) / 1e9) < 0.05
+    # not cut short at the tracker's process.ready; it may run past the root's exit by the time the
+    # forkserver takes to notice that exit (its lane is the run's last), which a loaded machine stretches
+    ready_s = max(s.start_ns for p in tracker for s in p.spans if s.name == "process.ready") - startup.start_ns
+    assert ready_s / 1e9 < (startup.end_ns - startup.start_ns) / 1e9 - 0.2
+    assert (startup.end_ns - startup.start_ns) / 1e9 - 0.05 < model.startup_s <= (model.t_end - model.t0) / 1e9
 
 
 def test_resource_tracker_started_through_the_module_alias_is_linked(tree: TracedTree) -> None:

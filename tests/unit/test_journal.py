@@ -356,3 +356,72 @@ def test_writer_keeps_no_descriptor_and_its_mappings_outlive_it(tmp_path: Path) 
     gc.collect()
     assert all(ref() is not None for ref in maps), "mappings stay for the life of the process"
     assert open_fds() == before
+
+
+def test_traced_imports_with_newlines_and_spaces_in_paths_round_trip(
+    venv_python: str, tmp_path: Path, traced_env: dict[str, str], journal_root: Path
+) -> None:
+    """Compact import records carry the module and path unescaped to the end of the line: a path
+    with spaces stays compact, one with a line feed goes as JSON; both read back exactly."""
+    import subprocess
+
+    spaced = tmp_path / "mods with  spaces"
+    broken = tmp_path / "mods\nwith a line feed"
+    for folder, module in ((spaced, "spaced_mod"), (broken, "broken_mod")):
+        folder.mkdir()
+        (folder / f"{module}.py").write_text("X = 1\n")
+    env = dict(traced_env, PYTHONPATH=f"{spaced}:{broken}")
+    program = "import spaced_mod, broken_mod, email.utils"
+    proc = subprocess.run([venv_python, "-c", program], env=env, capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = journal_root.iterdir()
+    run = read_run(run_dir)
+    assert run.problems == []
+    spans = {s.name: s for s in run.processes[0].spans}
+    assert spans["import spaced_mod"].attrs["code.file.path"] == str(spaced / "spaced_mod.py")
+    assert spans["import broken_mod"].attrs["code.file.path"] == str(broken / "broken_mod.py")
+    utils = spans["import email.utils"]
+    assert utils.attrs["starttrace.import.module"] == "email.utils" and utils.attrs["starttrace.phase"] == "import"
+    assert utils.end_ns is not None and utils.end_ns >= utils.start_ns
+    assert spans["import email"].span_id == utils.parent_id or any(
+        s.span_id == utils.parent_id for s in run.processes[0].spans
+    )
+    lines = [raw for journal in journal_files(run_dir) for raw in journal_lines(journal)]
+    assert any(raw.startswith(b"I") and raw.endswith(b" spaced_mod") for raw in lines)  # compact
+    assert any(raw.startswith(b"E") and raw.endswith(b"/spaced_mod.py") for raw in lines)
+    assert any(b'"code.file.path":' in raw and b"line feed" in raw for raw in lines)  # the JSON form
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"I0123456789abcdef0123456789abcde 12 x",  # parent one digit short
+        b"I0123456789abcdefXYZ3456789abcdef12 x",  # not hex
+        b"I0123456789abcdef0123456789abcdef12",  # no module
+        b"I0123456789abcdef0123456789abcdefxx x",  # time not a number
+        b"E0123456789abcde",  # no dt
+        b"E0123456789abcdefnope /p",
+        b"[1, 2]",
+    ],
+)
+def test_malformed_compact_records_are_rejected(raw: bytes) -> None:
+    from starttrace.sources.journal_files import parse_record
+
+    with pytest.raises(ValueError):
+        parse_record(raw)
+
+
+def test_compact_records_parse_to_their_json_form() -> None:
+    from starttrace.sources.journal_files import parse_record
+
+    begin = parse_record(b"I0123456789abcdeffedcba987654321012345 pkg.mod \xc3\xa9")
+    assert begin == {
+        "k": "b",
+        "s": "0123456789abcdef",
+        "p": "fedcba9876543210",
+        "n": "import pkg.mod é",
+        "t": 12345,
+        "a": {"starttrace.phase": "import", "starttrace.import.module": "pkg.mod é"},
+    }
+    assert parse_record(b"E0123456789abcdef77") == {"k": "e", "s": "0123456789abcdef", "dt": 77}
+    assert parse_record(b"E0123456789abcdef7 /a b/c.py")["a"] == {"code.file.path": "/a b/c.py"}

@@ -17,6 +17,7 @@ HOT_PATH = (
     "starttrace.recorder",
     "starttrace.journal",
     "starttrace.probes",
+    "starttrace.probes.torchelastic",  # (covered by the prefix above; named: it runs inside torchrun agents)
     "starttrace.launchers",
     "starttrace.nodeinfo",
 )

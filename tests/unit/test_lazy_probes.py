@@ -1,0 +1,87 @@
+"""Probes for torch, vLLM and uvicorn load when the traced program first imports what they patch.
+
+Activation loads only the import and multiprocessing probes (docs/benchmarks.md: activation
+cost); these tests show the others still attach, at the same moment as before (right after the
+first module they patch is imported), without a span of starttrace's own in the program's imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from starttrace import recorder
+from starttrace.probes import LAZY_PROBES
+from starttrace.sources.journal_reader import read_run
+
+
+@pytest.mark.parametrize("probe", sorted(LAZY_PROBES))
+def test_lazy_triggers_are_the_modules_the_probe_hooks(probe: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trigger list is exactly what the probe's install() registers: a module it patches that
+    is missing from the list would be patched only if another trigger came first."""
+    hooked: list[str] = []
+    monkeypatch.setattr(recorder, "when_imported", lambda module, hook: hooked.append(module))
+    monkeypatch.setattr(os, "register_at_fork", lambda **kwargs: None)
+    importlib.import_module(probe).install()
+    assert sorted(set(hooked)) == sorted(LAZY_PROBES[probe])
+
+
+def _traced(tmp_path: Path, program: str, *argv: str) -> tuple[dict[str, Any], Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STARTTRACE") and k.lower() != "traceparent"}
+    env.update(STARTTRACE="1", STARTTRACE_DIR=str(tmp_path / "runs"))
+    proc = subprocess.run(
+        [sys.executable, "-c", program, *argv], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    run = read_run(run_dir)
+    (process,) = run.processes
+    return json.loads(proc.stdout.strip().splitlines()[-1]), process
+
+
+PROBED = """
+import json, sys
+{imports}
+print(json.dumps({{"loaded": sorted(m for m in sys.modules if m.startswith("starttrace.probes.")),
+                   "patched": {check}}}))
+"""
+
+
+def test_a_plain_program_loads_no_library_probe(tmp_path: Path) -> None:
+    out, process = _traced(tmp_path, PROBED.format(imports="import json", check="None"))
+    assert out["loaded"] == ["starttrace.probes.imports", "starttrace.probes.multiprocessing"]
+    assert process.resource["starttrace.probes.installed"] == ["imports", "multiprocessing"]
+
+
+def test_uvicorn_probe_loads_on_first_import_and_patches(tmp_path: Path) -> None:
+    check = 'getattr(sys.modules["uvicorn.server"].Server.main_loop, "__starttrace__", False)'
+    out, process = _traced(tmp_path, PROBED.format(imports="import uvicorn.server", check=check))
+    assert "starttrace.probes.servers" in out["loaded"] and out["patched"] is True
+    assert process.resource["starttrace.probes.installed"] == ["imports", "multiprocessing", "servers"]
+    names = {s.name for s in process.spans}
+    assert "import uvicorn.server" in names
+    assert not any(name.startswith("import starttrace") for name in names)  # starttrace's own load: not a span
+
+
+def test_torch_probe_loads_with_torch_and_patches_distributed(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    check = 'getattr(sys.modules["torch.distributed"].init_process_group, "__starttrace__", False)'
+    out, process = _traced(tmp_path, PROBED.format(imports="import torch, torch.distributed", check=check))
+    assert "starttrace.probes.torch" in out["loaded"] and "starttrace.probes.vllm" not in out["loaded"]
+    assert out["patched"] is True
+    assert "torch" in process.resource["starttrace.probes.installed"]
+    assert not any(s.name.startswith("import starttrace") for s in process.spans)
+
+
+def test_vllm_probe_loads_at_activation_when_argv_names_vllm(tmp_path: Path) -> None:
+    """The vLLM probe reads the role from the command line, so it cannot wait for an import."""
+    out, process = _traced(tmp_path, PROBED.format(imports="", check="None"), "serve", "--model", "x", "vllm")
+    assert "starttrace.probes.vllm" in out["loaded"]
+    assert "vllm" in process.resource["starttrace.probes.installed"]
