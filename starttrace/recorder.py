@@ -18,7 +18,7 @@ from starttrace.journal import JournalWriter, encode, quote
 
 TYPE_CHECKING = False  # `typing` is not imported at run time: see the module docstring
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from typing import Any, TypeAlias
 
     Attrs: TypeAlias = dict[str, Any]
@@ -58,10 +58,11 @@ class _Ids:
 
 
 def reseed_span_ids() -> None:
-    global _id_lock, next_span_id
+    global _id_lock, next_span_id, span_ids
     _id_lock = allocate_lock()  # a fork child: the parent's lock may have been held at the fork
     _Ids.block = int.from_bytes(os.urandom(7), "little") % ((1 << 56) - (1 << 32)) + 1
     next_span_id = _exhausted
+    span_ids = iter(())
 
 
 def _exhausted() -> str:
@@ -70,7 +71,7 @@ def _exhausted() -> str:
 
 def refill_span_ids() -> str:
     """The ids of the current block are used up: the first id of the next block."""
-    global next_span_id
+    global next_span_id, span_ids
     with _id_lock:  # two threads can find the block used up at once: one makes the next
         try:
             return next_span_id()
@@ -78,7 +79,8 @@ def refill_span_ids() -> str:
             pass
         prefix = "%014x" % _Ids.block
         _Ids.block += 1
-        next_span_id = iter([prefix + low for low in _LOW]).__next__
+        span_ids = iter([prefix + low for low in _LOW])
+        next_span_id = span_ids.__next__
         return next_span_id()
 
 
@@ -90,6 +92,7 @@ def new_span_id() -> str:
 
 
 next_span_id: "Callable[[], str]" = _exhausted
+span_ids: "Iterator[str]" = iter(())  # what next_span_id draws from: `next(span_ids, None)` is cheaper to call
 reseed_span_ids()
 
 

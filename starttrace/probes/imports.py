@@ -65,9 +65,8 @@ def _make_wrapper(original: "Callable[[str, Any], Any]", builtin_import: "Any") 
         writer = rec._writer
         if writer is None or name in modules:
             return original(name, import_)
-        try:
-            span_id = rec.next_span_id()
-        except StopIteration:
+        span_id = next(rec.span_ids, None)
+        if span_id is None:
             span_id = rec.refill_span_ids()
         ident = get_ident()
         try:

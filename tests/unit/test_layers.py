@@ -104,6 +104,18 @@ def test_the_hot_path_imports_only_the_standard_library() -> None:
                 assert top == "starttrace" or top in sys.stdlib_module_names, f"{module} imports {name}"
 
 
+def test_the_hot_path_never_imports_future() -> None:
+    """`from __future__ import annotations` would load `__future__` at activation: a module the
+    program may import later (zero footprint), and activation cost (docs/benchmarks.md)."""
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        if _layer(module) != "hot":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+                pytest.fail(f"{module} imports __future__")
+
+
 def test_no_import_cycle() -> None:
     # modules are nodes; importing a submodule imports its package first
     edges = {m: set(deps) for m, deps in GRAPH.items()}
