@@ -29,7 +29,7 @@ from starttrace.sources.journal_reader import read_run
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
-from multinode_hosts import free_port  # noqa: E402
+from st_service_helpers import free_port, start_server  # noqa: E402
 
 JOB = REPO / "examples" / "torchrun_job.py"
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -100,13 +100,8 @@ def test_a_service_watching_live_drops_the_first_run(
 ) -> None:
     """The service's journal watcher may read an agent's first run before the agent moves out of it:
     once the launch's run names it as the agents' first run and its folder is gone, it is dropped."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    starttrace = str(Path(sys.executable).with_name("starttrace"))
-    serve = subprocess.Popen(
-        [starttrace, "serve", "--port", str(port), "--db", str(tmp_path / "st.db"), "--journal-dir", str(journal_root)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env(),
-    )  # fmt: skip
+    server = start_server(tmp_path, "--journal-dir", str(journal_root), env=clean_env())
+    url = server.url
     seen: set[str] = set()
     done = threading.Event()
 
@@ -120,13 +115,6 @@ def test_a_service_watching_live_drops_the_first_run(
 
     watcher = threading.Thread(target=watch, daemon=True)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         watcher.start()
         first, _ = _launch(lambda _: clean_env(STARTTRACE="1", STARTTRACE_DIR=str(journal_root)), tmp_path)
         (run_dir,) = journal_root.iterdir()
@@ -144,8 +132,7 @@ def test_a_service_watching_live_drops_the_first_run(
         assert health["journal_errors"] == [], health
     finally:
         done.set()
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(15)
+        server.stop()
 
 
 def test_an_untraced_rank_0_leaves_the_other_node_on_its_command_lines_run(
