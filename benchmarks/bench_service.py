@@ -2,7 +2,8 @@
 16-rank x 6000-span run (and optionally a 64 x 6000 one), side by side with another source tree.
 
     .venv/bin/python benchmarks/bench_service.py [--ranks 16] [--spans-per-rank 6000] [--clients 4]
-        [--large-ranks 64] [--nodes 8] [--baseline /tmp/base]   # /tmp/base: `git archive HEAD | tar -x -C /tmp/base`
+        [--large-ranks 64] [--nodes 8] [--baseline /tmp/base [--large-baseline]]
+        # /tmp/base: `git archive HEAD | tar -x -C /tmp/base`; --large-baseline: the large run there too
 
 `--nodes 8` makes the large run a multi-node one: 8 hosts x 8 ranks, each host's clock off by up to
 50 ms, pids repeating across hosts (tests/synth_multinode.py); the service aligns the clocks and
@@ -27,7 +28,7 @@ batches) from several client threads, waits until every span is stored, then tim
 
 Targets (this tree): ingest >= 100k spans/s; first answer <= 1 s cold, <= 100 ms warm, <= 2 MB;
 HTML <= 1 s; 64 x 6000: first answer <= 3 s cold. Wall times on a shared machine vary: the server
-CPU seconds during ingest are printed too.
+CPU seconds during ingest and until the first answer are printed too; with `--baseline`, a ratio column.
 """
 
 from __future__ import annotations
@@ -162,7 +163,10 @@ def timed(c: httpx.Client, path: str, headers: dict[str, str] | None = None) -> 
 def page(server: Server, run_id: str, repeat: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with httpx.Client(base_url=server.url, timeout=300) as c:
+        cpu0 = cpu_seconds(server.proc.pid)
         out["first_s"], r = timed(c, f"/startup/{run_id}")
+        cpu1 = cpu_seconds(server.proc.pid)
+        out["first_cpu_s"] = None if cpu0 is None or cpu1 is None else cpu1 - cpu0
         assert r.status_code == 200, r.status_code
         out["first_mb"] = len(r.content) / 1e6
         doc = r.json()
@@ -278,6 +282,7 @@ ROWS = [
     ("spans_s", "ingest, protobuf over HTTP, until all stored (spans/s)", "{:,.0f}"),
     ("cpu_s", "server CPU during ingest (s)", "{:.2f}"),
     ("first_s", "first GET /startup/{run} right after ingest (s)", "{:.2f}"),
+    ("first_cpu_s", "server CPU until that answer (s)", "{:.2f}"),
     ("prebuilt_s", "the service's own build done, after the last span stored (s)", "{:.2f}"),
     ("first_prebuilt_s", "first GET /startup/{run} once that is done (s)", "{:.3f}"),
     ("first_mb", "its size (MB)", "{:.2f}"),
@@ -298,12 +303,18 @@ ROWS = [
 
 
 def table(title: str, columns: dict[str, dict[str, Any]]) -> None:
+    """A markdown table, one column per tree; with two trees also their ratio (this / baseline)."""
     print(f"\n{title}")
     names = list(columns)
-    print(f"| measure | {' | '.join(names)} |")
-    print("|---|" + "---|" * len(names))
+    ratio = len(columns) == 2
+    print(f"| measure | {' | '.join(names)} |" + (" ratio |" if ratio else ""))
+    print("|---|" + "---|" * (len(names) + ratio))
     for key, label, fmt in ROWS:
-        cells = [fmt.format(col[key]) if col.get(key) is not None else "-" for col in columns.values()]
+        values = [col.get(key) for col in columns.values()]
+        cells = [fmt.format(v) if v is not None else "-" for v in values]
+        if ratio:
+            a, b = values
+            cells.append(f"{b / a:.2f}x" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else "-")
         print(f"| {label} | {' | '.join(cells)} |")
 
 
@@ -317,6 +328,7 @@ def main() -> int:
     ap.add_argument("--large-ranks", type=int, default=0, help="also this many ranks (64: this tree only)")
     ap.add_argument("--nodes", type=int, default=1, help="the large run on this many nodes (8: 8 x 8 ranks)")
     ap.add_argument("--baseline", type=Path, help="another source tree, measured side by side")
+    ap.add_argument("--large-baseline", action="store_true", help="the large run for the --baseline tree too")
     args = ap.parse_args()
     trees = {"this tree": ROOT}
     if args.baseline is not None:
@@ -342,8 +354,10 @@ def main() -> int:
         "HTML <= 1 s": max(ours["html_s"], ours["restart_html_s"]) <= 1.0,
     }
     if args.large_ranks:
+        large_trees = trees if args.large_baseline else {"this tree": ROOT}
         large = {
-            "this tree": measure(ROOT, args.large_ranks, args.spans_per_rank, args.clients, args.batch, 5, args.nodes)
+            name: measure(tree, args.large_ranks, args.spans_per_rank, args.clients, args.batch, 5, args.nodes)
+            for name, tree in large_trees.items()
         }
         mine = large["this tree"]
         where = f" on {args.nodes} nodes (clocks aligned)" if args.nodes > 1 else ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import operator
 
 from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, PathStep, RunModel, SpanNode
 
@@ -52,6 +53,10 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
     return steps
 
 
+_DURATION = operator.attrgetter("duration")
+_EFF_END = operator.attrgetter("eff_end")
+
+
 def _candidates(lanes: list[Lane]) -> tuple[list[list[SpanNode]], list[list[int]]]:
     """Per lane, the spans that can be on the path (sorted by end), and their ends."""
     per_lane: list[list[SpanNode]] = []
@@ -62,7 +67,8 @@ def _candidates(lanes: list[Lane]) -> tuple[list[list[SpanNode]], list[list[int]
             for n in lane.spans
             if n is not lane.process_span and n.phase not in STRUCTURAL_PHASES and not n.instant and n.duration > 0
         ]
-        cand.sort(key=lambda n: (n.eff_end, -n.duration))
+        cand.sort(key=_DURATION, reverse=True)  # two stable sorts: by end, then the longest first
+        cand.sort(key=_EFF_END)
         per_lane.append(cand)
         ends.append([n.eff_end for n in cand])
     return per_lane, ends
@@ -75,8 +81,10 @@ def _starters(lanes: list[Lane]) -> dict[int, SpanNode]:
     starter: dict[int, SpanNode] = {}
     for lane in lanes:
         for n in lane.spans:
+            if n.phase not in ("launch", "fork", "forkserver"):
+                continue
             child_pid = n.attrs.get("starttrace.child_pid")
-            if isinstance(child_pid, int) and n.phase in ("launch", "fork", "forkserver"):
+            if isinstance(child_pid, int):
                 child = by_pid.get(child_pid)
                 if child is None or child.index == lane.index:
                     continue

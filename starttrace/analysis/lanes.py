@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import time
 from typing import Any
 
@@ -21,7 +22,9 @@ from starttrace.analysis.model import (
 )
 from starttrace.analysis.nodes import node_key, node_names, node_order
 from starttrace.analysis.phases import merge_intervals, phase_of, union_ns
-from starttrace.run import Process, Run, gc_paused, int_or_none
+from starttrace.run import Process, Run, Span, gc_paused, int_or_none
+
+_START = operator.attrgetter("start")
 
 
 def _str(value: Any) -> str | None:
@@ -47,7 +50,12 @@ def _build(run: Run, now_ns: int | None, stall_s: float | None = None) -> RunMod
     t_last = max((n.end if n.end is not None else n.start for n in nodes), default=0)
     t_eff = max(now, t_last) if status == "running" else t_last
     for n in nodes:
-        n.eff_end = max(n.start, t_eff if n.in_progress else n.end)
+        start = n.start
+        end = t_eff if n.in_progress else n.end
+        if end > start:
+            n.eff_end, n.duration = end, end - start
+        else:
+            n.eff_end, n.duration = start, 0
     _link_tree(nodes, by_id)
     ordered = _order_lanes(nodes, lanes_by_id, t_first)
     t0 = min([n.start for n in roots] + ([t_first] if t_first is not None else [0]))
@@ -112,29 +120,37 @@ def _lane_of(p: Process, service: str | None) -> Lane:
 
 def _span_nodes(run: Run, lanes_by_id: dict[str, Lane]) -> tuple[list[SpanNode], dict[str, SpanNode]]:
     """One node per span, on its process's lane; the run's root spans go to the root process."""
-    owners = {s.span_id: run.root_owner(s) for s in run.root_spans}  # one root per node
     nodes: list[SpanNode] = []
     by_id: dict[str, SpanNode] = {}
-    for process, s in run.all_spans():
-        owner = process or owners.get(s.span_id)
-        if owner is None:
-            continue
-        n = SpanNode()
-        n.id = s.span_id
-        n.parent = s.parent_id
-        n.name = s.name
-        n.attrs = s.attrs if s.attrs is not None else {}  # not `or`: keeps lazily decoded attrs undecoded
-        n.phase = phase_of(s.name, n.attrs)
-        n.start = s.start_ns
-        n.in_progress = s.open
-        n.end = None if n.in_progress else s.end_ns
-        n.instant = bool(s.instant) and not n.in_progress
-        n.error = s.error
-        n.thread = s.thread
-        n.lane = lanes_by_id[owner.instance_id]  # type: ignore[assignment]  # the lane index, once ordered
-        by_id[n.id] = n
-        nodes.append(n)
-    nodes.sort(key=lambda x: x.start)
+    groups: list[tuple[Lane, list[Span]]] = []
+    for s in run.root_spans:  # one root per node
+        owner = run.root_owner(s)
+        if owner is not None:
+            groups.append((lanes_by_id[owner.instance_id], [s]))
+    groups.extend((lanes_by_id[p.instance_id], p.spans) for p in run.processes)
+    append = nodes.append
+    for lane, spans in groups:
+        for s in spans:
+            n = SpanNode()
+            n.id = sid = s.span_id
+            n.parent = s.parent_id
+            n.name = name = s.name
+            n.attrs = attrs = s.attrs if s.attrs is not None else {}  # not `or`: keeps lazily decoded attrs undecoded
+            n.phase = phase_of(name, attrs)
+            mod = attrs.get("starttrace.import.module")
+            if not isinstance(mod, str):
+                mod = name[7:] if name.startswith("import ") else None
+            n.module = mod
+            n.start = s.start_ns
+            n.in_progress = is_open = s.in_progress or s.end_ns is None
+            n.end = None if is_open else s.end_ns
+            n.instant = bool(s.instant) and not is_open
+            n.error = s.error
+            n.thread = s.thread
+            n.lane = lane  # type: ignore[assignment]  # the lane index, once ordered
+            by_id[sid] = n
+            append(n)
+    nodes.sort(key=_START)
     return nodes, by_id
 
 
@@ -271,6 +287,7 @@ def _lane_facts(lane: Lane, run_ready: int | None, t_eff: int) -> None:
 
 def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str, Any]]:
     acc: dict[str, list[Any]] = {}
+    slots = [rank_slot(lane) for lane in model.lanes]
     for n in model.spans:
         if n.phase != "import":
             continue
@@ -280,9 +297,8 @@ def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str
             a = acc[mod] = [0, 0, set(), set(), 0]
         a[0] += n.duration
         a[1] += self_ns(n)
-        lane = model.lanes[n.lane]
         a[2].add(n.lane)
-        a[3].add(rank_slot(lane))
+        a[3].add(slots[n.lane])
         a[4] += 1
     out = [
         {

@@ -51,10 +51,10 @@ TOP_HOTSPOTS = 200
 
 class SpanNode:
     __slots__ = (
-        "_module",
         "attrs",
         "children",
         "depth",
+        "duration",
         "eff_end",
         "end",
         "error",
@@ -63,6 +63,7 @@ class SpanNode:
         "in_progress",
         "instant",
         "lane",
+        "module",
         "name",
         "parent",
         "parent_node",
@@ -72,29 +73,16 @@ class SpanNode:
         "thread",
     )
 
+    duration: int  # eff_end - start (>= 0), set with eff_end by `analysis.lanes.build_model`
+    # the imported module: `starttrace.import.module`, else the name after `import `, else None
+    # (set once by build_model: the analysis asks for it ~6 times per import span)
+    module: str | None
+
     def __init__(self) -> None:
         self.children: list[SpanNode] = []
         self.parent_node: SpanNode | None = None
         self.depth = 0
         self.pos = 0
-
-    @property
-    def duration(self) -> int:
-        return max(0, self.eff_end - self.start)
-
-    @property
-    def module(self) -> str | None:
-        # cached: the analysis asks for it ~6 times per import span, and attributes may be decoded
-        # lazily from stored protobuf bytes on every lookup (sources/lazy_attrs.py)
-        try:
-            return self._module
-        except AttributeError:
-            pass
-        mod = self.attrs.get("starttrace.import.module")
-        if not isinstance(mod, str):
-            mod = self.name[7:] if self.name.startswith("import ") else None
-        self._module = mod
-        return mod
 
 
 @dataclass
@@ -198,7 +186,10 @@ def self_ns(n: SpanNode) -> int:
     us = n.attrs.get("starttrace.import.self_us")
     if isinstance(us, (int, float)) and not isinstance(us, bool):
         return int(us * 1000)
-    return max(0, n.duration - sum(c.duration for c in n.children))
+    children = n.children
+    if not children:
+        return n.duration
+    return max(0, n.duration - sum([c.duration for c in children]))
 
 
 def rank_slot(lane: Lane) -> tuple[Any, ...]:

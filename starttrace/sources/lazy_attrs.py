@@ -56,14 +56,23 @@ def _pattern(key: str) -> bytes:
 def peek_protobuf(raw: bytes, key: str) -> Any:
     """The scalar value of attribute `key` in a span's protobuf bytes, `_MISSING` when the key is
     not there, `_UNKNOWN` when it cannot be read in place (then decode the whole list)."""
-    pattern = _pattern(key)
+    pattern = _KEY_PATTERNS.get(key) or _pattern(key)
     at = raw.find(pattern)
     if at < 0:
         return _MISSING
     if raw.find(pattern, at + 1) >= 0:
         return _UNKNOWN  # repeated: the last one wins, decode
+    # fast path, the common case: a short string value, every length one byte:
+    # J <kv len> | pattern | <value len> 0x0A <string len> <string>
+    pos = at + len(pattern)
+    size = raw[pos] if pos < len(raw) else 0x80
+    if size < 0x80 and at >= 2 and raw[at - 2] == 0x4A and raw[at - 1] == len(pattern) + 1 + size:
+        if size >= 2 and pos + 1 + size <= len(raw) and raw[pos + 1] == 0x0A and raw[pos + 2] == size - 2:
+            try:
+                return raw[pos + 3 : pos + 1 + size].decode("utf-8")
+            except UnicodeDecodeError:
+                return _UNKNOWN
     try:
-        pos = at + len(pattern)
         size, pos = _read_varint(raw, pos)
         end = pos + size
         if size == 0 or end > len(raw):
@@ -91,6 +100,45 @@ def peek_protobuf(raw: bytes, key: str) -> Any:
     except (IndexError, ValueError, UnicodeDecodeError):
         pass
     return _UNKNOWN
+
+
+# what building the waterfall model asks of (nearly) every span: read together, on first use
+HOT_KEYS = ("starttrace.phase", "starttrace.import.module", "starttrace.import.self_us")
+_HOT = tuple((key, _pattern(key)) for key in HOT_KEYS)
+
+
+def peek_hot(raw: bytes, peeked: dict[str, Any]) -> None:
+    """`peek_protobuf` of each of HOT_KEYS into `peeked` (a key that cannot be read in place is
+    left out): one call per span instead of one per key, the common case (a short string value, or
+    an absent key) inline."""
+    size_raw = len(raw)
+    find = raw.find
+    for key, pattern in _HOT:
+        at = find(pattern)
+        if at < 0:
+            peeked[key] = _MISSING
+            continue
+        plen = len(pattern)
+        pos = at + plen
+        if find(pattern, at + 1) < 0 and pos < size_raw:
+            size = raw[pos]
+            if (
+                2 <= size < 0x80
+                and pos + 1 + size <= size_raw
+                and at >= 2
+                and raw[at - 2] == 0x4A
+                and raw[at - 1] == plen + 1 + size
+                and raw[pos + 1] == 0x0A
+                and raw[pos + 2] == size - 2
+            ):
+                try:
+                    peeked[key] = raw[pos + 3 : pos + 1 + size].decode("utf-8")
+                except UnicodeDecodeError:
+                    pass  # left out: the whole list is decoded when it is asked for
+                continue
+        value = peek_protobuf(raw, key)
+        if value is not _UNKNOWN:
+            peeked[key] = value
 
 
 def peek_json(text: str, key: str) -> Any:
@@ -136,6 +184,11 @@ class LazyAttrs(dict):  # type: ignore[type-arg]
             if not isinstance(key, str):
                 value = _UNKNOWN
             elif isinstance(raw, bytes):
+                if key in HOT_KEYS and HOT_KEYS[0] not in peeked:  # the first of them asked: read all at once
+                    peek_hot(raw, peeked)
+                    value = peeked.get(key, _UNKNOWN)
+                    if value is not _UNKNOWN:
+                        return default if value is _MISSING else value
                 value = peek_protobuf(raw, key)
             else:
                 value = peek_json(raw, key)

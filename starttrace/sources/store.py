@@ -4,10 +4,17 @@ One writer thread owns the write connection and drains a bounded ingest queue (O
 journal updates both go through it); readers use one connection per thread (WAL lets them read
 while the writer writes). Every SQL statement takes its values as parameters.
 
-A span is unique by (trace_id, span_id) (a unique index; rows are appended in arrival order):
-the same span arriving twice (twice the same OTLP batch, or through the journal and through an
-exporter) is stored once. A span still in progress is replaced when it arrives again, ended; an
-ended span is never replaced by an in-progress copy of itself.
+A span is unique by (trace_id, span_id); rows are appended in arrival order: the same span
+arriving twice (twice the same OTLP batch, or through the journal and through an exporter) is
+stored once. A span still in progress is replaced when it arrives again, ended; an ended span is
+never replaced by an in-progress copy of itself. The writer knows each trace's stored span ids in
+memory (`_SpanKeys`, read back through the `spans_trace` index when a trace is first touched), so
+no unique index is kept: a unique index over random span ids made every transaction rewrite pages
+all over it (WAL bytes and CPU grew with the size of the table; docs/benchmarks.md).
+
+Schema version (`PRAGMA user_version`): 3. A version-2 file (the unique `spans_key` index) is
+upgraded in place when opened (the index dropped, `spans_trace` built); an older file (spans
+without `lane`) is refused with `SchemaError`.
 """
 
 from __future__ import annotations
@@ -89,7 +96,7 @@ CREATE TABLE IF NOT EXISTS spans (
     error TEXT,
     thread INTEGER
 );
-CREATE UNIQUE INDEX IF NOT EXISTS spans_key ON spans(span_id, trace);
+CREATE INDEX IF NOT EXISTS spans_trace ON spans(trace);
 CREATE INDEX IF NOT EXISTS spans_lane ON spans(lane);
 CREATE TABLE IF NOT EXISTS problems (
     run_id TEXT NOT NULL,
@@ -156,26 +163,30 @@ SPAN_COLUMNS = (
 )
 
 
-# the columns in SpanTuple order without trace_id, then the traces.id of the trace id and the
-# lanes.id of the process's (run_id, lane_id, source): 12 bound values per row
+# seq (assigned by the writer, see `_SpanKeys`), the columns in SpanTuple order without trace_id,
+# then the traces.id of the trace id and the lanes.id of the process's (run_id, lane_id, source):
+# 13 bound values per row
 _SPAN_INSERT_HEAD = (
-    "INSERT INTO spans(span_id, parent_id, name, start_ns, end_ns,"
+    "INSERT INTO spans(seq, span_id, parent_id, name, start_ns, end_ns,"
     " in_progress, instant, attrs, error, thread, trace, lane) VALUES "
 )
-_SPAN_CONFLICT = (
-    " ON CONFLICT(span_id, trace) DO UPDATE SET"
-    " end_ns = excluded.end_ns, in_progress = excluded.in_progress, attrs = excluded.attrs,"
-    " error = excluded.error, name = excluded.name, parent_id = excluded.parent_id"
-    " WHERE spans.in_progress = 1 OR (excluded.in_progress = 0 AND"
-    "   (spans.attrs IS NOT excluded.attrs OR spans.end_ns IS NOT excluded.end_ns))"
-)
-_SPAN_PARAMS = 12
+_SPAN_PARAMS = 13
 _ROW_PLACEHOLDERS = "(" + ",".join("?" * _SPAN_PARAMS) + ")"
-SPAN_UPSERT = _SPAN_INSERT_HEAD + _ROW_PLACEHOLDERS + _SPAN_CONFLICT
-# Rows per multi-row upsert statement: one statement binds a chunk of rows, then SQLite inserts them
+# a span stored already, arriving again: the rule of the module text (the new copy wins unless the
+# stored one has ended and the new one has not, or nothing changed)
+SPAN_UPDATE = (
+    "UPDATE spans SET end_ns = :end, in_progress = :open, attrs = :attrs, error = :error, name = :name,"
+    " parent_id = :parent WHERE seq = :seq AND (in_progress = 1 OR"
+    " (:open = 0 AND (attrs IS NOT :attrs OR end_ns IS NOT :end)))"
+)
+# Rows per multi-row insert statement: one statement binds a chunk of rows, then SQLite inserts them
 # all in one step with the GIL released (executemany re-takes the GIL for every row, so the writer
-# would stall behind the request handlers' decoding). Duplicates inside a chunk are upserted in order.
+# would stall behind the request handlers' decoding).
 SPAN_CHUNK_ROWS = 1024
+SCHEMA_VERSION = 3
+# span ids the writer keeps in memory (`_SpanKeys`); past this, the least recently written traces
+# are forgotten (and read back from the store if they are written again)
+MAX_KEPT_KEYS = 2_000_000  # ~100 bytes each: ~200 MB at most (the model cache holds up to 2M spans too)
 
 
 # SPAN_COLUMNS of one lane's spans, in arrival order (through the lane index: no sort; the run
@@ -192,15 +203,47 @@ class SchemaError(RuntimeError):
     """The database file was written by an older, incompatible version of the store."""
 
 
-def _span_upsert_sql(rows: int) -> str:
-    return _SPAN_INSERT_HEAD + ",".join([_ROW_PLACEHOLDERS] * rows) + _SPAN_CONFLICT
+def _span_insert_sql(rows: int) -> str:
+    return _SPAN_INSERT_HEAD + ",".join([_ROW_PLACEHOLDERS] * rows)
 
 
 # WAL checkpoints (see Store.__init__): after this many seconds without ingest, or this many spans
 CHECKPOINT_IDLE_S = 0.5
 CHECKPOINT_SPANS = 250_000
 
-_span_key = operator.itemgetter(0)  # span_id: the first column of the unique index
+
+class _SpanKeys:
+    """The writer's map of stored spans: per trace (traces.id), span id -> seq. A trace not in
+    memory is read back through the `spans_trace` index on first use; the least recently written
+    traces are forgotten past MAX_KEPT_KEYS ids."""
+
+    def __init__(self) -> None:
+        self._by_trace: dict[int, dict[str, int]] = {}  # insertion order: least recently written first
+        self._count = 0
+        self.next_seq = 1
+
+    def reset(self, conn: sqlite3.Connection) -> None:
+        """Forget everything (after a rollback, a delete); the next seq from the table."""
+        self._by_trace.clear()
+        self._count = 0
+        row = conn.execute("SELECT MAX(seq) FROM spans").fetchone()
+        self.next_seq = int(row[0] or 0) + 1
+
+    def of(self, conn: sqlite3.Connection, trace: int) -> dict[str, int]:
+        keys = self._by_trace.pop(trace, None)
+        if keys is None:
+            keys = dict(conn.execute("SELECT span_id, seq FROM spans WHERE trace = ?", (trace,)))
+            self._count += len(keys)
+        self._by_trace[trace] = keys  # now the most recently written
+        return keys
+
+    def trim(self) -> None:
+        while self._count > MAX_KEPT_KEYS and len(self._by_trace) > 1:
+            oldest = next(iter(self._by_trace))
+            self._count -= len(self._by_trace.pop(oldest))
+
+    def added(self, n: int) -> None:
+        self._count += n
 
 
 class StoreSaturated(Exception):
@@ -241,7 +284,12 @@ class Store:
                     " lanes); it is not migrated: delete the file or choose another --db"
                 )
         self._writer_conn = self._connect()
+        # schema 2 -> 3: the same tables; the unique span index gives way to `spans_trace`
+        self._writer_conn.execute("DROP INDEX IF EXISTS spans_key")
         self._writer_conn.executescript(SCHEMA)
+        self._writer_conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self._span_keys = _SpanKeys()
+        self._span_keys.reset(self._writer_conn)
         # The writer checkpoints the WAL itself: when ingest goes idle, else every
         # CHECKPOINT_SPANS spans (SQLite's automatic checkpoint would copy pages to the database
         # file, and fsync it, in the middle of a burst, on the writer's critical path).
@@ -409,7 +457,8 @@ class Store:
         now = time.time()
         stored: dict[str, int] = {}
         touched: dict[str, list[Any]] = {}  # run_id -> [trace_id, service, source, first, last]
-        pending: list[tuple[Any, ...]] = []
+        pending: list[tuple[Any, ...]] = []  # new spans: rows in SPAN_INSERT order
+        again: list[dict[str, Any]] = []  # spans stored already: SPAN_UPDATE parameters
         with self.write_lock:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -432,12 +481,12 @@ class Store:
                         )
                         touched.setdefault(meta.run_id, [meta.trace_id, meta.service, "journal", None, None])
                     for proc in batch.processes:
-                        self._write_process(conn, proc, touched, stored, pending)
+                        self._write_process(conn, proc, touched, stored, pending, again)
                 if pending:
-                    # the whole transaction in key order: neighbouring inserts touch neighbouring
-                    # pages of the unique index (stable sort: arrival order kept for duplicates)
-                    pending.sort(key=_span_key)
-                    self._upsert_spans(conn, pending)
+                    self._insert_spans(conn, pending)
+                if again:  # after the inserts: a span that came twice in this transaction exists by now
+                    conn.executemany(SPAN_UPDATE, again)
+                self._span_keys.trim()
                 for run_id, (trace_id, service, source, first, last) in touched.items():
                     conn.execute(
                         "INSERT INTO runs(run_id, trace_id, service, source, first_ns, last_ns, created_at,"
@@ -459,6 +508,7 @@ class Store:
                 self._lane_ids.clear()  # ids created by the rolled-back transaction
                 self._iid_owners.clear()
                 self._trace_ids.clear()
+                self._span_keys.reset(conn)
                 raise
             finally:
                 with self._queued_lock:
@@ -474,17 +524,17 @@ class Store:
         if self.on_runs_written is not None and touched:
             self.on_runs_written(list(touched))
 
-    def _upsert_spans(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    def _insert_spans(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
         n = self._chunk_rows
         chain = itertools.chain.from_iterable
         full = len(rows) - len(rows) % n
         if full:
-            sql = _span_upsert_sql(n)
+            sql = _span_insert_sql(n)
             for i in range(0, full, n):
                 conn.execute(sql, list(chain(rows[i : i + n])))
         if full < len(rows):
             rest = rows[full:]
-            conn.execute(_span_upsert_sql(len(rest)), list(chain(rest)))
+            conn.execute(_span_insert_sql(len(rest)), list(chain(rest)))
 
     def _lane_ref(self, conn: sqlite3.Connection, run_id: str, lane_id: str, source: str) -> int:
         """lanes.id of (run_id, lane_id, source), created if new (inside the writer's transaction)."""
@@ -550,6 +600,7 @@ class Store:
         touched: dict[str, list[Any]],
         stored: dict[str, int],
         pending: list[tuple[Any, ...]],
+        again: list[dict[str, Any]],
     ) -> None:
         # Long by design: one process's rows inside the writer's transaction; the long part is one SQL upsert statement
         # and its parameters.
@@ -615,7 +666,7 @@ class Store:
                 for trace_id in dict.fromkeys([s[0] for s in spans]):  # distinct, in order
                     if trace_id not in traces:
                         self._trace_ref(conn, trace_id)
-                pending.extend([(*s[1:], traces[s[0]], lane_ref) for s in spans])
+                self._span_rows(conn, spans, lane_ref, pending, again)
                 first = min(s[4] for s in spans)
                 last = max(s[5] if s[5] is not None else s[4] for s in spans)
             else:
@@ -631,6 +682,41 @@ class Store:
                     t[3] = first if t[3] is None else min(t[3], first)
                     t[4] = last if t[4] is None else max(t[4], last)
             stored[proc.source] = stored.get(proc.source, 0) + len(spans)
+
+    def _span_rows(
+        self,
+        conn: sqlite3.Connection,
+        spans: list[SpanTuple],
+        lane_ref: int,
+        pending: list[tuple[Any, ...]],
+        again: list[dict[str, Any]],
+    ) -> None:
+        """New spans as insert rows (with their seq); spans stored already (or earlier in this
+        transaction) as update parameters, in arrival order."""
+        traces, span_keys = self._trace_ids, self._span_keys
+        last_tid: str | None = None
+        ref, keys = -1, {}
+        seq = first_seq = span_keys.next_seq
+        append = pending.append
+        for s in spans:
+            tid = s[0]
+            if tid is not last_tid:  # the spans of a batch mostly share one trace id (one str object)
+                last_tid = tid
+                trace = traces[tid]
+                if trace != ref:
+                    ref, keys = trace, span_keys.of(conn, trace)
+            sid = s[1]
+            old = keys.get(sid)
+            if old is None:
+                keys[sid] = seq
+                append((seq, *s[1:], ref, lane_ref))
+                seq += 1
+            else:
+                again.append(
+                    {"seq": old, "end": s[5], "open": s[6], "attrs": s[8], "error": s[9], "name": s[3], "parent": s[2]}
+                )
+        span_keys.next_seq = seq
+        span_keys.added(seq - first_seq)
 
     # reads ---------------------------------------------------------------------------------
     def run_version(self, run_id: str) -> int | None:
@@ -802,6 +888,7 @@ class Store:
             finally:
                 self._lane_ids.clear()
                 self._iid_owners.clear()
+                self._span_keys.reset(conn)
         self._unchecked_spans += len(ids)
         for rid in ids:
             self._versions.pop(rid, None)
@@ -829,27 +916,27 @@ def run_from_rows(rows: RunRows) -> Run:
     also a link."""
     by_lane: dict[str, list[Span]] = {}
     marker, text_marker = b"starttrace.launched_by", '"starttrace.launched_by"'
+    lane_id: Any = None
+    spans: list[Span] = []
     for r in rows.spans:
+        if r[2] != lane_id:  # rows come lane by lane
+            lane_id = r[2]
+            spans = by_lane.setdefault(lane_id, [])
         raw = r[9]
-        attrs = lazy_attrs(raw)
+        if type(raw) is bytes and raw:
+            attrs: dict[str, Any] = LazyAttrs(raw, span_attrs)
+        else:
+            attrs = lazy_attrs(raw)
         in_progress = bool(r[7])
         span = Span(
-            span_id=r[1],
-            parent_id=r[3],
-            name=r[4],
-            start_ns=r[5],
-            end_ns=None if (in_progress and r[6] is None) else r[6],
-            attrs=attrs,
-            error=r[10],
-            thread=r[11],
-            instant=bool(r[8]),
-            in_progress=in_progress,
-        )
+            r[1], r[3], r[4], r[5], None if (in_progress and r[6] is None) else r[6], attrs, r[10], r[11], bool(r[8]),
+            in_progress,
+        )  # fmt: skip
         if raw and (marker in raw if isinstance(raw, bytes) else text_marker in raw):  # no lookup for most spans
             launched_by = attrs.get("starttrace.launched_by")
             if isinstance(launched_by, str) and launched_by:
                 span.links.append(Link(launched_by, attrs={"starttrace.link": "launched_by"}))
-        by_lane.setdefault(r[2], []).append(span)
+        spans.append(span)
     ids = {s.span_id for spans in by_lane.values() for s in spans}
     processes: list[Process] = []
     root_spans: list[Span] = []
@@ -879,8 +966,11 @@ def run_from_rows(rows: RunRows) -> Run:
     )
 
 
+_START_NS = operator.attrgetter("start_ns")
+
+
 def _process_from_row(p: dict[str, Any], spans: list[Span]) -> Process:
-    spans.sort(key=lambda s: s.start_ns)
+    spans.sort(key=_START_NS)
     own = next((s for s in spans if s.name == "process"), None)
     resource = p.get("resource") or {}
     return Process(

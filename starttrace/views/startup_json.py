@@ -20,6 +20,7 @@ a lane (`GET /startup/{run}/lanes/{lane}/spans?start_us=&end_us=&min_us=`).
 
 from __future__ import annotations
 
+import heapq
 from typing import Any
 
 from starttrace.analysis.model import Lane, RunModel, SpanNode
@@ -73,15 +74,26 @@ def _longest(lanes: list[Lane], rows: int, min_ns: int) -> tuple[dict[int, list[
     chosen: dict[int, list[SpanNode]] = {}
     candidates: list[SpanNode] = []
     for lane in lanes:
-        chosen[lane.index] = [n for n in lane.spans if _always(n)]
-        candidates.extend(n for n in lane.spans if not _always(n) and n.duration >= min_ns)
+        always = chosen[lane.index] = []
+        for n in lane.spans:
+            if n.phase != "import" or n.in_progress:  # _always
+                always.append(n)
+            elif n.duration >= min_ns:
+                candidates.append(n)
     room = max(0, rows - sum(len(v) for v in chosen.values()))
-    candidates.sort(key=lambda n: (-n.duration, n.depth, n.start))
-    taken, rest = candidates[:room], candidates[room:]
-    for n in taken:
+    left_out: SpanNode | None = None
+    if len(candidates) > room:
+        # only the longest room + 1 are ordered (longest first, ties by depth, then start): every
+        # span at least as long as the (room + 1)-th longest, sorted, has the same first room + 1
+        cut = heapq.nlargest(room + 1, [n.duration for n in candidates])[-1]
+        candidates = [n for n in candidates if n.duration >= cut]
+        candidates.sort(key=lambda n: (-n.duration, n.depth, n.start))
+        left_out = candidates[room]
+        candidates = candidates[:room]
+    for n in candidates:
         chosen[n.lane].append(n)
     # below this duration (µs, rounded up) spans may be missing: the longest one left out
-    longest_left = max(min_ns, rest[0].duration + 1 if rest else 0)
+    longest_left = max(min_ns, left_out.duration + 1 if left_out is not None else 0)
     cut = {lane.index: (longest_left + 999) // 1000 for lane in lanes}
     return chosen, cut
 

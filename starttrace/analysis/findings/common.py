@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 from starttrace.analysis.model import Lane, RunModel, SpanNode
@@ -84,12 +84,16 @@ def cutoff_ns(model: RunModel, lane: Lane) -> int:
     return max(ends) if ends else model.t_end
 
 
-def import_children(node: SpanNode) -> Iterator[SpanNode]:
-    for child in node.children:
-        if child.phase == "import":
-            yield child
-        elif child.phase not in ("process", "startup"):
-            yield from import_children(child)
+def import_children(node: SpanNode) -> list[SpanNode]:
+    """The imports directly inside `node` (through spans that are neither imports nor processes)."""
+    out: list[SpanNode] = []
+    for child in node.children:  # a list, not a generator: most imports have no children
+        phase = child.phase
+        if phase == "import":
+            out.append(child)
+        elif phase != "process" and phase != "startup":
+            out.extend(import_children(child))
+    return out
 
 
 def top_imports(lane: Lane, until: int | None = None) -> list[SpanNode]:

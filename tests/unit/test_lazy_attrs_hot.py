@@ -1,0 +1,58 @@
+"""The attributes the model reads of every span (`lazy_attrs.HOT_KEYS`) are read together on first
+use: whatever the encoding, each answers what the decoded attribute list says."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from starttrace.sources.lazy_attrs import HOT_KEYS, LazyAttrs
+from starttrace.sources.otlp import span_attrs
+
+PHASE, MODULE, SELF_US = HOT_KEYS
+
+
+def _raw(*kvs: KeyValue, event: KeyValue | None = None) -> bytes:
+    span = Span(trace_id=b"\1" * 16, span_id=b"\2" * 8, name="import x", start_time_unix_nano=5, end_time_unix_nano=9)
+    span.attributes.extend(kvs)
+    if event is not None:
+        span.events.add(name="e").attributes.append(event)
+    return span.SerializeToString()
+
+
+def _kv(key: str, **value: object) -> KeyValue:
+    return KeyValue(key=key, value=AnyValue(**value))  # type: ignore[arg-type]
+
+
+CASES = {
+    "strings": _raw(_kv(PHASE, string_value="import"), _kv(MODULE, string_value="a.b"), _kv(SELF_US, int_value=7)),
+    "long module": _raw(_kv(PHASE, string_value="import"), _kv(MODULE, string_value="m" * 200)),
+    "two-byte kv": _raw(_kv(MODULE, string_value="é" * 60), _kv(SELF_US, double_value=1.5)),
+    "empty and big int": _raw(_kv(PHASE, string_value=""), _kv(SELF_US, int_value=1 << 40)),
+    "repeated": _raw(_kv(PHASE, string_value="a"), _kv(PHASE, string_value="b"), _kv(MODULE, string_value="m")),
+    "not a string": _raw(_kv(PHASE, int_value=3), _kv(MODULE, bool_value=True)),
+    "only in an event": _raw(_kv(SELF_US, int_value=2), event=_kv(PHASE, string_value="not the span's")),
+    "none": _raw(_kv("other", string_value="x")),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_hot_keys_match_the_decoded_list(name: str) -> None:
+    raw = CASES[name]
+    full = span_attrs(raw)
+    for order in itertools.permutations([*HOT_KEYS, "other"]):
+        lazy = LazyAttrs(raw, span_attrs)
+        for key in order:
+            assert lazy.get(key, "default") == full.get(key, "default"), (name, order, key)
+        assert lazy == full
+
+
+def test_hot_keys_need_no_decode() -> None:
+    lazy = LazyAttrs(CASES["strings"], span_attrs)
+    assert (lazy.get(PHASE), lazy.get(MODULE), lazy.get(SELF_US)) == ("import", "a.b", 7)
+    assert lazy.get("absent") is None
+    assert not lazy.decoded
+    assert LazyAttrs(CASES["repeated"], span_attrs).get(PHASE) == "b"  # the last one wins: decoded
