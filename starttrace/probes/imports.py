@@ -121,7 +121,7 @@ def _write_compact(line: str) -> None:
     try:
         data = line.encode()
     except UnicodeEncodeError:
-        data = _as_json(line).encode("utf-8", "backslashreplace")
+        data = (line if line[0] == "{" else _as_json(line)).encode("utf-8", "backslashreplace")
     recorder.write_encoded(data)
 
 

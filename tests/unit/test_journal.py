@@ -367,11 +367,12 @@ def test_traced_imports_with_newlines_and_spaces_in_paths_round_trip(
 
     spaced = tmp_path / "mods with  spaces"
     broken = tmp_path / "mods\nwith a line feed"
-    for folder, module in ((spaced, "spaced_mod"), (broken, "broken_mod")):
+    both = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/mods\n\xff"))  # a line feed and no UTF-8
+    for folder, module in ((spaced, "spaced_mod"), (broken, "broken_mod"), (both, "both_mod")):
         folder.mkdir()
         (folder / f"{module}.py").write_text("X = 1\n")
-    env = dict(traced_env, PYTHONPATH=f"{spaced}:{broken}")
-    program = "import spaced_mod, broken_mod, email.utils"
+    env = dict(traced_env, PYTHONPATH=f"{spaced}:{broken}:{both}")
+    program = "import spaced_mod, broken_mod, both_mod, email.utils"
     proc = subprocess.run([venv_python, "-c", program], env=env, capture_output=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = journal_root.iterdir()
@@ -380,6 +381,7 @@ def test_traced_imports_with_newlines_and_spaces_in_paths_round_trip(
     spans = {s.name: s for s in run.processes[0].spans}
     assert spans["import spaced_mod"].attrs["code.file.path"] == str(spaced / "spaced_mod.py")
     assert spans["import broken_mod"].attrs["code.file.path"] == str(broken / "broken_mod.py")
+    assert spans["import both_mod"].attrs["code.file.path"] == str(both / "both_mod.py")
     utils = spans["import email.utils"]
     assert utils.attrs["starttrace.import.module"] == "email.utils" and utils.attrs["starttrace.phase"] == "import"
     assert utils.end_ns is not None and utils.end_ns >= utils.start_ns
