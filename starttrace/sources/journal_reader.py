@@ -384,5 +384,8 @@ def _import_self_times(processes: list[Process]) -> None:
                 children[span.parent_id] = children.get(span.parent_id, 0) + (span.end_ns - span.start_ns)
         for span in process.spans:
             if span.end_ns is not None and span.attrs.get("starttrace.phase") == "import":
-                own = span.end_ns - span.start_ns
-                span.attrs["starttrace.import.self_us"] = max(0, own - children.get(span.span_id, 0)) // 1000
+                own = span.end_ns - span.start_ns - children.get(span.span_id, 0)
+                probes = span.attrs.get("starttrace.import.probe_ns")  # starttrace's own time, not the module's
+                if isinstance(probes, int) and not isinstance(probes, bool):
+                    own -= probes
+                span.attrs["starttrace.import.self_us"] = max(0, own) // 1000

@@ -68,6 +68,16 @@ def test_uvicorn_probe_loads_on_first_import_and_patches(tmp_path: Path) -> None
     names = {s.name for s in process.spans}
     assert "import uvicorn.server" in names
     assert not any(name.startswith("import starttrace") for name in names)  # starttrace's own load: not a span
+    # the probe loaded and patched inside the span (as the import statement waited for it), and
+    # that time is not the module's own: self time leaves it out
+    # (`import uvicorn.server` makes two spans: the statement's, and inside its parent `uvicorn`, whose
+    # __init__ imports uvicorn.server, the one that loads it: the probe runs at the end of that one)
+    loads = [s for s in process.spans if s.name == "import uvicorn.server"]
+    (span,) = [s for s in loads if "starttrace.import.probe_ns" in s.attrs]
+    probe_ns = span.attrs["starttrace.import.probe_ns"]
+    assert isinstance(probe_ns, int) and 0 < probe_ns < span.end_ns - span.start_ns
+    children = sum(c.end_ns - c.start_ns for c in process.spans if c.parent_id == span.span_id and c.end_ns)
+    assert span.attrs["starttrace.import.self_us"] == max(0, span.end_ns - span.start_ns - children - probe_ns) // 1000
 
 
 def test_torch_probe_loads_with_torch_and_patches_distributed(tmp_path: Path) -> None:
