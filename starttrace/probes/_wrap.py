@@ -98,6 +98,20 @@ def _end_quietly(span_id: str, attrs: "Attrs | None" = None, error: str | None =
         recorder.report(f"probe span end failed: {type(exc).__name__}: {exc}", key="end")
 
 
+def call_in_span(
+    span_id: str, original: "Callable[..., Any]", args: "tuple[Any, ...]", kwargs: "dict[str, Any]"
+) -> "Any":
+    """`original(*args, **kwargs)` inside the open span `span_id`, which it ends (with the error
+    when the call raised)."""
+    try:
+        result = original(*args, **kwargs)
+    except BaseException as exc:
+        _end_quietly(span_id, None, f"{type(exc).__name__}: {exc}")
+        raise
+    _end_quietly(span_id)
+    return result
+
+
 def traced(
     original: "Callable[..., Any]",
     name: str,

@@ -30,6 +30,7 @@ from starttrace.probes._wrap import (
     _begin_quietly,
     _end_quietly,
     _mark,
+    call_in_span,
     note_attached,
     note_missing,
     patch,
@@ -224,13 +225,7 @@ def _set_device_wrapper(original: "Callable[..., Any]", api: str) -> "Callable[.
             "cuda.set_device",
             {"starttrace.phase": "cuda_init", "starttrace.api": api, "starttrace.cuda.device": _device_attr(device)},
         )
-        try:
-            result = original(*args, **kwargs)
-        except BaseException as exc:
-            _end_quietly(span_id, None, f"{type(exc).__name__}: {exc}")
-            raise
-        _end_quietly(span_id)
-        return result
+        return call_in_span(span_id, original, args, kwargs)
 
     return _mark(set_device, original)
 
@@ -416,13 +411,7 @@ def _collective_wrapper(
         span_id = _begin_collective(dist, name, group, tensor)
         if not span_id:
             return original(*args, **kwargs)
-        try:
-            result = original(*args, **kwargs)
-        except BaseException as exc:
-            _end_quietly(span_id, None, f"{type(exc).__name__}: {exc}")
-            raise
-        _end_quietly(span_id)
-        return result
+        return call_in_span(span_id, original, args, kwargs)
 
     return _mark(collective, original)
 
