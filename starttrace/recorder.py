@@ -43,8 +43,8 @@ import_credits: "dict[str, int | None]" = {}
 process_attrs: "Attrs" = {}
 
 # Span ids: 16 hex digits, a random 56-bit block number per process (14 digits) and 256 ids per
-# block (2 digits), so that an id costs no system call and no number formatting: `next_span_id`
-# returns the next string of a list made 256 at a time (one C call, atomic under the GIL).
+# block (2 digits), so that an id costs no system call and no number formatting: `next(span_ids,
+# None)` gives the next string of a list made 256 at a time (one C call, atomic under the GIL).
 _HEX = "0123456789abcdef"
 _LOW = [a + b for a in _HEX for b in _HEX]
 _id_lock = allocate_lock()
@@ -58,41 +58,31 @@ class _Ids:
 
 
 def reseed_span_ids() -> None:
-    global _id_lock, next_span_id, span_ids
+    global _id_lock, span_ids
     _id_lock = allocate_lock()  # a fork child: the parent's lock may have been held at the fork
     _Ids.block = int.from_bytes(os.urandom(7), "little") % ((1 << 56) - (1 << 32)) + 1
-    next_span_id = _exhausted
     span_ids = iter(())
-
-
-def _exhausted() -> str:
-    raise StopIteration
 
 
 def refill_span_ids() -> str:
     """The ids of the current block are used up: the first id of the next block."""
-    global next_span_id, span_ids
+    global span_ids
     with _id_lock:  # two threads can find the block used up at once: one makes the next
-        try:
-            return next_span_id()
-        except StopIteration:
-            pass
+        span_id = next(span_ids, None)
+        if span_id is not None:
+            return span_id
         prefix = "%014x" % _Ids.block
         _Ids.block += 1
         span_ids = iter([prefix + low for low in _LOW])
-        next_span_id = span_ids.__next__
-        return next_span_id()
+        return next(span_ids)
 
 
 def new_span_id() -> str:
-    try:
-        return next_span_id()
-    except StopIteration:
-        return refill_span_ids()
+    span_id = next(span_ids, None)
+    return span_id if span_id is not None else refill_span_ids()
 
 
-next_span_id: "Callable[[], str]" = _exhausted
-span_ids: "Iterator[str]" = iter(())  # what next_span_id draws from: `next(span_ids, None)` is cheaper to call
+span_ids: "Iterator[str]" = iter(())
 reseed_span_ids()
 
 
