@@ -90,7 +90,7 @@ def run_tree(venv_python: str, traced_env: dict[str, str], journal_root: Path) -
     Returns once every process of the run has exited. The Run has the tree's stdout (its JSON line
     with the pids) as attribute `tree_stdout`.
     """
-    from starttrace.sources.journal_reader import read_run
+    from st_service_helpers import wait_final
 
     def run(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> Any:
         merged = dict(traced_env)
@@ -100,13 +100,9 @@ def run_tree(venv_python: str, traced_env: dict[str, str], journal_root: Path) -
         )
         assert proc.returncode == 0, f"tree.py failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
         run_dir = only_run_dir(Path(merged["STARTTRACE_DIR"]))
-        # Helpers (resource tracker, forkserver) exit just after the root: wait until every process
-        # of the run has exited, so that the run read here is final.
-        deadline = time.monotonic() + 15
-        result = read_run(run_dir)
-        while any(p.alive for p in result.processes) and time.monotonic() < deadline:
-            time.sleep(0.05)
-            result = read_run(run_dir)
+        # Helpers (resource tracker, forkserver) exit just after the root, and the clock file comes
+        # after that: wait for both, so that the run read here is final.
+        result = wait_final(run_dir, environ=merged)
         result.tree_stdout = proc.stdout
         return result
 

@@ -81,3 +81,33 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: floa
             return last
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s (last value {last!r})")
+
+
+def wait_final(run_dir: Path, timeout: float = 20.0, environ: dict[str, str] | None = None) -> Any:
+    """The run in `run_dir` once it no longer changes: every process has exited and, for a
+    journal-only run (`environ`, the traced program's environment, names no OTLP export) where
+    the kernel's NTP state can be read, the clock file that the root's detached helper writes
+    after the root's exit is there (`starttrace.clocksync`). Two reads of the run taken on either
+    side of that file differ in the processes' clock attributes."""
+    from starttrace.clocksync import ntp_state
+    from starttrace.sources.journal_reader import read_run
+
+    env = environ or {}
+    exporting = (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")) and env.get(
+        "STARTTRACE_OTLP_AUTO", "1"
+    ) != "0"
+    expect_clock = bool(ntp_state()) and not exporting
+
+    def final() -> Any:
+        run = read_run(run_dir)
+        if any(p.alive for p in run.processes):
+            return None
+        if expect_clock:
+            roots = [
+                p.record.get("root_span") for p in run.processes if p.resource.get("starttrace.start_method") == "root"
+            ]
+            if any(root and not (run_dir / f"clock-{root}.json").exists() for root in roots):
+                return None
+        return run
+
+    return wait_for(final, timeout)

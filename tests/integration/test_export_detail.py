@@ -26,7 +26,7 @@ from starttrace.views.perfetto import to_perfetto
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "service"))
 
-from st_service_helpers import start_server, wait_for  # noqa: E402
+from st_service_helpers import start_server, wait_final, wait_for  # noqa: E402
 
 BUDGET = 4
 
@@ -42,7 +42,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory, venv_python: str, clean_env: 
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
-    wait_for(lambda: not any(p.alive for p in read_run(run_dir).processes), timeout=20)
+    wait_final(run_dir)
     return run_dir
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from st_service_helpers import start_server, wait_for
+from st_service_helpers import start_server, wait_final, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,9 +34,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory, venv_python: str) -> dict
     )  # fmt: skip
     assert tree.returncode == 0, tree.stderr
     (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
-    from starttrace.sources.journal_reader import read_run
-
-    wait_for(lambda: not any(p.alive for p in read_run(run_dir).processes), timeout=20)
+    wait_final(run_dir)  # the CLI and the service must read the same, final run
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("STARTTRACE", "VLLM_STARTTRACE", "OTEL_"))}
     cli: dict[str, Any] = {}
     for fmt in FORMATS:
