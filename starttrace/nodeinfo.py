@@ -106,8 +106,22 @@ def record_clock_later(run_dir: str, root_span: str) -> None:
     quiet = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
     args = [sys.executable, "-m", "starttrace.clocksync", run_dir, root_span, domain]
     try:
-        os.posix_spawn(sys.executable, args, env, file_actions=quiet, setsid=True)
+        pid = os.posix_spawn(sys.executable, args, env, file_actions=quiet, setsid=True)
     except Exception as exc:
         recorder = sys.modules.get("starttrace.recorder")
         if recorder is not None:
             recorder.report(f"cannot record the clock state: {type(exc).__name__}: {exc}", key="clock-state")
+        return
+    try:  # reaped by a thread of ours: no zombie stays behind for the program to find in os.wait()
+        from _thread import start_new_thread  # a builtin module: no footprint
+
+        start_new_thread(_reap, (pid,))
+    except Exception:
+        pass  # at interpreter shutdown: the process ends, and init reaps the helper
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except OSError:  # the program reaped it first (os.wait(), waitpid(-1))
+        pass

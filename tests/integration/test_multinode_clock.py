@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from starttrace.clocksync import ntp_state
@@ -68,6 +69,8 @@ def test_a_journal_only_run_records_the_ntp_state_at_ready(
         # written while the root still runs (at its ready, not only at its exit)
         clock_files = _wait_for(lambda: list(run_dir.glob("clock-*.json")), 30, "the clock file")
         assert proc.poll() is None
+        # the helper was reaped: no zombie child of the program's is left for its os.wait() to find
+        _wait_for(lambda: not psutil.Process(proc.pid).children(), 10, "the clock helper to be reaped")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
