@@ -110,15 +110,16 @@ class ModelCache:
                     return None
                 run = correct_clocks(run, owned=True)  # hosts on one clock (docs/multinode.md); run is ours
                 model = build_model(run)
-            with self._lock:
-                old = self._models.get(run_id)
-                if old is not None:
-                    self._frozen.retire(old[2])
-                    old = None
-                self._models[run_id] = (run.version, time.monotonic(), model)
-                self._runs[run_id] = run
-                self._evict()
-            self._frozen.built()
+                with self._lock:
+                    old = self._models.get(run_id)
+                    if old is not None:
+                        self._frozen.retire(old[2])
+                        old = None
+                    self._models[run_id] = (run.version, time.monotonic(), model)
+                    self._runs[run_id] = run
+                    self._evict()
+                # frozen before the collector runs again: its first pass would walk the whole new model
+                self._frozen.built()
             self._frozen.release()
             return model
 
