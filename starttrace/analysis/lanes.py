@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import operator
 import time
 from typing import Any
@@ -43,11 +44,12 @@ def _build(run: Run, now_ns: int | None, stall_s: float | None = None) -> RunMod
     now = time.time_ns() if now_ns is None else now_ns
     lanes_by_id = {p.instance_id: _lane_of(p, run.service) for p in run.processes}
     nodes, by_id = _span_nodes(run, lanes_by_id)
-    ready_ns = min((n.start for n in nodes if n.name == "ready"), default=None)
+    # nodes are sorted by start: the first match is the earliest
+    ready_ns = next((n.start for n in nodes if n.name == "ready"), None)
     roots = [n for n in nodes if n.phase == "startup" and n.parent not in by_id]
     status = _status(ready_ns, roots, list(lanes_by_id.values()))
-    t_first = min((n.start for n in nodes), default=None)
-    t_last = max((n.end if n.end is not None else n.start for n in nodes), default=0)
+    t_first = nodes[0].start if nodes else None
+    t_last = max([n.start if n.end is None else n.end for n in nodes], default=0)
     t_eff = max(now, t_last) if status == "running" else t_last
     for n in nodes:
         start = n.start
@@ -300,7 +302,9 @@ def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str
         a[2].add(n.lane)
         a[3].add(slots[n.lane])
         a[4] += 1
-    out = [
+    # the top `limit` picked before any row is built: a run has thousands of distinct modules
+    top = heapq.nsmallest(limit, acc.items(), key=_hotspot_order)
+    return [
         {
             "module": mod,
             "cumulative_s": a[0] / 1e9,
@@ -309,7 +313,9 @@ def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str
             "ranks_paid": len(a[3]),
             "imports": a[4],
         }
-        for mod, a in acc.items()
+        for mod, a in top
     ]
-    out.sort(key=lambda d: (-d["cumulative_s"], d["module"]))
-    return out[:limit]
+
+
+def _hotspot_order(item: tuple[str, list[Any]]) -> tuple[int, str]:
+    return -item[1][0], item[0]  # longest cumulative time first, then by name
