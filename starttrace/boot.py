@@ -469,7 +469,7 @@ def _end_process(exit_code: int | None) -> None:
     if state.is_root and not state.ready:
         recorder.end(state.root_span, {"starttrace.ended_by": "root_exit"})
     if state.is_root:  # the NTP state of a journal-only run, read off the traced processes
-        sys.modules["starttrace.nodeinfo"].record_clock_later(state.run_dir, state.root_span)
+        sys.modules["starttrace.nodeinfo"].record_clock_later(state.run_dir, state.root_span, reap=False)
 
 
 def _at_exit() -> None:

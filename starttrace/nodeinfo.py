@@ -84,12 +84,13 @@ class _Clock:
 _HELPER_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH")
 
 
-def record_clock_later(run_dir: str, root_span: str) -> None:
+def record_clock_later(run_dir: str, root_span: str, reap: bool = True) -> None:
     """The kernel's NTP state for a run no exporter follows (journals only): a root process calls
     this at its `ready` or exit (once). A detached helper (`python -m starttrace.clocksync`, not
     traced, its output to /dev/null: it holds none of the program's pipes) reads adjtimex, which
     needs ctypes, and writes `<run folder>/clock-<root span>.json`; readers put it on the processes
-    of this host (docs/journal.md). With an OTLP endpoint the exporter records it instead."""
+    of this host (docs/journal.md). With an OTLP endpoint the exporter records it instead.
+    `reap`: wait for the helper on a thread of ours (at ready; at exit, init reaps it)."""
     environ = os.environ
     if _Clock.recorded or not run_dir or not root_span:
         return
@@ -111,6 +112,8 @@ def record_clock_later(run_dir: str, root_span: str) -> None:
         recorder = sys.modules.get("starttrace.recorder")
         if recorder is not None:
             recorder.report(f"cannot record the clock state: {type(exc).__name__}: {exc}", key="clock-state")
+        return
+    if not reap:
         return
     try:  # reaped by a thread of ours: no zombie stays behind for the program to find in os.wait()
         from _thread import start_new_thread  # a builtin module: no footprint
