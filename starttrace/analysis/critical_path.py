@@ -14,8 +14,12 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
     Walking backwards from the target time t in lane L: take the span of L (any depth, not the
     `process` span) that ended last at or before t; if a child process launched while that span
     was open finished its own work just before the span ended (within 5 % / 2 ms), the span was
-    waiting for that child: continue in the child's lane instead. At the start of a lane, continue
-    in the lane that launched it, before its launch span. Time between chosen spans is a gap.
+    waiting for that child: continue in the child's lane instead. Otherwise, if it is not an
+    import and has child spans that are not imports, the path goes on inside it: the span's own
+    time after its last such child is a step (`self`, when at least SELF_MIN_NS), then that child
+    is taken (so `vllm.engine_core.init` shows the executor's wait for its workers and the KV cache
+    set-up, not one step). An import stays one step. At the start of a lane, continue in the lane
+    that launched it, before its launch span. Time between chosen spans is a gap.
     """
     if not model.spans:
         return []
@@ -47,11 +51,20 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
                 steps.append(PathStep(lane_i, chosen.name, chosen.phase, c_end, chosen.eff_end, "wait"))
             lane_i, t = child.index, c_end
             continue
+        inner = _last_inner(chosen, t)
+        if inner is not None:
+            tail_end = min(chosen.eff_end, t)
+            if tail_end - inner.eff_end >= SELF_MIN_NS:
+                steps.append(PathStep(lane_i, chosen.name, chosen.phase, inner.eff_end, tail_end, "self"))
+            t = inner.eff_end
+            continue
         steps.append(PathStep(lane_i, chosen.name, chosen.phase, chosen.start, chosen.eff_end))
         t = chosen.start
     steps.reverse()
     return steps
 
+
+SELF_MIN_NS = 1_000_000  # a span's own time after its last child, shorter than this, is no step of its own
 
 _DURATION = operator.attrgetter("duration")
 _EFF_END = operator.attrgetter("eff_end")
@@ -108,6 +121,26 @@ def _target(model: RunModel) -> tuple[int, int]:
         return (ready.lane if ready is not None else 0), model.ready_ns
     last = max(model.spans, key=lambda n: n.eff_end)
     return last.lane, last.eff_end
+
+
+def _last_inner(span: SpanNode, t: int) -> SpanNode | None:
+    """The child span of `span` (not an import, not instant) that ended last at or before t and
+    started before it; None for an import (its nested imports stay inside its step)."""
+    if span.phase == "import":
+        return None
+    best: SpanNode | None = None
+    for child in span.children:
+        if (
+            child.phase != "import"
+            and child.phase not in STRUCTURAL_PHASES
+            and not child.instant
+            and child.duration > 0
+            and child.eff_end <= t
+            and child.start < t
+            and (best is None or child.eff_end > best.eff_end)
+        ):
+            best = child
+    return best
 
 
 def _last_ended(cand: list[SpanNode], cend: list[int], t: int) -> SpanNode | None:

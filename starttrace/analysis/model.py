@@ -142,7 +142,7 @@ class PathStep:
     phase: str
     start: int
     end: int
-    kind: str = "span"  # span | launch | gap
+    kind: str = "span"  # span | launch | wait | self (a span's own time after its last child span)
 
 
 @dataclass

@@ -14,6 +14,7 @@ Skipped (with the reason) when vllm is not importable.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import re
 import subprocess
@@ -122,6 +123,21 @@ def test_forkserver_run_names_the_unused_api_forkserver(forkserver: Served) -> N
     assert f["preload_s"] > 1.0 and f["severity"] == "warning"
     assert f"{fs.label} (started by {api.label}) preloaded [vllm.v1.engine.async_llm]" in f["text"]
     assert "forked nothing" in f["text"] and "VLLM_WORKER_MULTIPROC_METHOD" in f["action"]
+
+
+def test_critical_path_goes_through_the_engine_core_into_a_worker(spawned: Served) -> None:
+    """To ready: the API server waits for the EngineCore, whose `vllm.engine_core.init` waits for its
+    workers (model load, KV cache); the path shows those steps, not one span as long as that init."""
+    model = spawned.model
+    path = model.critical_path
+    role = {st.lane: model.lanes[st.lane].role for st in path}
+    worker_phases = {st.phase for st in path if role[st.lane] == "worker"}
+    assert {"bootstrap", "model_load", "kv_cache"} <= worker_phases, worker_phases
+    assert not [st for st in path if st.name == "vllm.engine_core.init" and st.kind == "span"]
+    assert [st.kind for st in path if st.name == "vllm.engine_core.init"] in ([], ["self"])
+    assert [role[st.lane] for st in path][-1] == "api_server" and path[-1].end <= (model.ready_ns or 0)
+    for a, b in itertools.pairwise(path):
+        assert a.end <= b.start, (a, b)
 
 
 def test_spawn_run_has_a_preload_finding_covering_the_worker_reimports(spawned: Served) -> None:

@@ -1,0 +1,62 @@
+"""The critical path goes inside a span that waited on more than one thing (vLLM's
+`vllm.engine_core.init`: the executor's wait for its workers, then the KV cache set-up, then time
+of its own), and keeps an import with nested imports as one step."""
+
+from __future__ import annotations
+
+import itertools
+
+from finding_runs import MS, T0, Builder
+
+from starttrace.analysis.lanes import build_model
+from starttrace.analysis.model import RunModel
+
+
+def _vllm_like() -> RunModel:
+    b = Builder(["/venv/bin/vllm", "serve", "m"])
+    api = b.proc(100, 1, "api_server", "root", None, 0, 10_000)
+    big = b.span(api, "import big", 10, 90)
+    b.span(api, "import big.sub", 20, 80, big)
+    launch = b.span(api, "process.launch", 100, 110, phase="launch", child_pid=101, start_method="spawn")
+    init = b.span(api, "vllm.async_llm.init", 100, 9_000, phase="engine_init")
+    b.span(api, "vllm.wait_for_engine_core", 110, 8_990, init, phase="engine_init")
+    b.span(api, "vllm.api_server.build_app", 9_000, 9_500, phase="api_server")
+    eng = b.proc(101, 100, "engine_core", "spawn", launch, 105, 10_000)
+    b.span(eng, "process.bootstrap", 110, 2_000, phase="bootstrap")
+    core = b.span(eng, "vllm.engine_core.init", 2_000, 8_985, phase="engine_init")
+    executor = b.span(eng, "vllm.executor.init", 2_010, 6_000, core, phase="executor_init")
+    wait = b.span(eng, "vllm.executor.wait_for_workers", 2_020, 6_000, executor, phase="executor_init")
+    b.span(eng, "vllm.engine_core.init_kv_caches", 6_000, 7_000, core, phase="kv_cache")
+    # 7_000 .. 8_985: the engine core's own work inside its init (no span of its own)
+    for r in range(2):
+        fork = b.span(eng, "process.launch", 2_030 + 10 * r, 2_040 + 10 * r, wait, phase="launch", child_pid=110 + r)
+        w = b.proc(110 + r, 101, "worker", "spawn", fork, 2_040 + 10 * r, 10_000, rank=r, world_size=2)
+        booted = 4_000 + 500 * r  # rank 1 boots slower
+        b.span(w, "process.bootstrap", 2_050 + 10 * r, booted, phase="bootstrap")
+        b.span(w, "vllm.model_load", booted, 5_990, phase="model_load")
+        loop = b.span(w, "vllm.worker.busy_loop", 5_990, 10_000, phase="idle")
+        b.span(w, "vllm.kv_cache.allocate", 6_010, 6_890 + 100 * r, loop, phase="kv_cache")  # rank 1 ends last
+    return build_model(b.build(ready_at=9_600))
+
+
+def test_the_path_goes_inside_the_engine_core_init() -> None:
+    m = _vllm_like()
+    steps = [(m.lanes[st.lane].label, st.name, st.kind) for st in m.critical_path]
+    assert ("engine_core pid 101", "vllm.engine_core.init", "span") not in steps, "not one 7 s step"
+    own = [st for st in m.critical_path if st.name == "vllm.engine_core.init"]
+    assert [(st.kind, st.start, st.end) for st in own] == [("self", T0 + 7_000 * MS, T0 + 8_985 * MS)]
+    assert ("engine_core pid 101", "vllm.engine_core.init_kv_caches", "wait") in steps
+    for name in ("vllm.kv_cache.allocate", "vllm.model_load", "process.bootstrap"):  # the rank that finished last
+        assert ("worker rank 1 pid 111", name, "span") in steps
+    assert not any(label.startswith("worker rank 0") for label, _, _ in steps)
+    assert ("api_server pid 100", "vllm.api_server.build_app", "span") in steps
+    starts = [st.start for st in m.critical_path]
+    assert starts == sorted(starts)
+    for a, b in itertools.pairwise(m.critical_path):
+        assert a.end <= b.start, (a, b)  # steps never overlap
+
+
+def test_an_import_stays_one_step() -> None:
+    steps = [(st.name, st.kind) for st in _vllm_like().critical_path]
+    assert ("import big", "span") in steps
+    assert not any(name == "import big.sub" for name, _ in steps)
