@@ -18,8 +18,11 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
     import and has child spans that are not imports, the path goes on inside it: the span's own
     time after its last such child is a step (`self`, when at least SELF_MIN_NS), then that child
     is taken (so `vllm.engine_core.init` shows the executor's wait for its workers and the KV cache
-    set-up, not one step). An import stays one step. At the start of a lane, continue in the lane
-    that launched it, before its launch span. Time between chosen spans is a gap.
+    set-up, not one step). An import stays one step. In a lane the path entered through such a
+    wait, an idle stretch (the lane's last span before t ended earlier than a span of the lane
+    that waited for it) means the lane was waiting for that one (a worker idles until the engine
+    core sends its next request): the path goes back there. At the start of a lane, continue in
+    the lane that launched it, before its launch span. Time between chosen spans is a gap.
     """
     if not model.spans:
         return []
@@ -31,9 +34,16 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
         children_of.setdefault(span.lane, []).append((lanes[child_index], span))
     lane_i, t = _target(model)
     steps: list[PathStep] = []
-    visited_children: set[int] = set()
+    entered: dict[int, int] = {}  # child lane -> the time the path last entered it from a wait
+    waited_by: dict[int, int] = {}  # lane -> the lane whose span waited for it
     for _ in range(max_steps):
         chosen = _last_ended(per_lane[lane_i], ends[lane_i], t)
+        back = waited_by.get(lane_i)
+        if chosen is not None and back is not None:
+            other = _last_ended(per_lane[back], ends[back], t)
+            if other is not None and other.eff_end > chosen.eff_end + IDLE_MIN_NS:
+                lane_i = back  # idle here while the lane that waited for this one worked on
+                continue
         if chosen is None:
             launcher = starter.get(lane_i)
             if launcher is None or launcher.lane == lane_i:
@@ -43,10 +53,11 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
                 steps.append(PathStep(launcher.lane, launcher.name, launcher.phase, launcher.start, end, "launch"))
             lane_i, t = launcher.lane, launcher.start
             continue
-        waited = _waited_child(chosen, children_of.get(lane_i, []), per_lane, ends, visited_children)
+        waited = _waited_child(chosen, children_of.get(lane_i, []), per_lane, ends, entered)
         if waited is not None:
             child, c_end = waited
-            visited_children.add(child.index)
+            entered[child.index] = c_end
+            waited_by[child.index] = lane_i
             if chosen.eff_end > c_end:
                 steps.append(PathStep(lane_i, chosen.name, chosen.phase, c_end, chosen.eff_end, "wait"))
             lane_i, t = child.index, c_end
@@ -65,6 +76,7 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
 
 
 SELF_MIN_NS = 1_000_000  # a span's own time after its last child, shorter than this, is no step of its own
+IDLE_MIN_NS = 2_000_000  # an idle stretch this long in a waited-for lane returns the path to the waiting lane
 
 _DURATION = operator.attrgetter("duration")
 _EFF_END = operator.attrgetter("eff_end")
@@ -165,15 +177,16 @@ def _waited_child(
     children: list[tuple[Lane, SpanNode]],
     per_lane: list[list[SpanNode]],
     ends: list[list[int]],
-    visited: set[int],
+    entered: dict[int, int],
 ) -> tuple[Lane, int] | None:
     """The child process `span` was waiting for: launched before `span` ended, and its own work
-    ended just before `span` did (within 5 % of the span or 2 ms)."""
+    ended just before `span` did (within 5 % of the span or 2 ms). A child the path entered
+    before is entered again only at an earlier time (so the walk ends)."""
     best: tuple[Lane, int] | None = None
     slack = max(2_000_000, (span.eff_end - span.start) // 20)
     own_child = span.attrs.get("starttrace.child_pid")
     for child, launch in children:
-        if child.index in visited or launch.start > span.eff_end:
+        if launch.start > span.eff_end:
             continue
         if isinstance(own_child, int) and child.pid != own_child:
             continue  # a launch span waits for its own child only
@@ -182,6 +195,8 @@ def _waited_child(
         if k < 0:
             continue
         c_end = cend[k]
+        if child.index in entered and c_end >= entered[child.index]:
+            continue
         if c_end >= span.eff_end - slack and c_end > span.start and (best is None or c_end > best[1]):
             best = (child, c_end)
     return best

@@ -12,7 +12,7 @@ from starttrace.analysis.lanes import build_model
 from starttrace.analysis.model import RunModel
 
 
-def _vllm_like() -> RunModel:
+def _vllm_like(kv_last_rank: int = 1) -> RunModel:
     b = Builder(["/venv/bin/vllm", "serve", "m"])
     api = b.proc(100, 1, "api_server", "root", None, 0, 10_000)
     big = b.span(api, "import big", 10, 90)
@@ -33,9 +33,10 @@ def _vllm_like() -> RunModel:
         w = b.proc(110 + r, 101, "worker", "spawn", fork, 2_040 + 10 * r, 10_000, rank=r, world_size=2)
         booted = 4_000 + 500 * r  # rank 1 boots slower
         b.span(w, "process.bootstrap", 2_050 + 10 * r, booted, phase="bootstrap")
-        b.span(w, "vllm.model_load", booted, 5_990, phase="model_load")
+        b.span(w, "vllm.model_load", booted, 5_900 + 90 * r, phase="model_load")  # rank 1 loaded last
         loop = b.span(w, "vllm.worker.busy_loop", 5_990, 10_000, phase="idle")
-        b.span(w, "vllm.kv_cache.allocate", 6_010, 6_890 + 100 * r, loop, phase="kv_cache")  # rank 1 ends last
+        kv_end = 6_990 if r == kv_last_rank else 6_890
+        b.span(w, "vllm.kv_cache.allocate", 6_010, kv_end, loop, phase="kv_cache")
     return build_model(b.build(ready_at=9_600))
 
 
@@ -46,7 +47,7 @@ def test_the_path_goes_inside_the_engine_core_init() -> None:
     own = [st for st in m.critical_path if st.name == "vllm.engine_core.init"]
     assert [(st.kind, st.start, st.end) for st in own] == [("self", T0 + 7_000 * MS, T0 + 8_985 * MS)]
     assert ("engine_core pid 101", "vllm.engine_core.init_kv_caches", "wait") in steps
-    for name in ("vllm.kv_cache.allocate", "vllm.model_load", "process.bootstrap"):  # the rank that finished last
+    for name in ("vllm.kv_cache.allocate", "vllm.model_load", "process.bootstrap"):  # the slowest rank
         assert ("worker rank 1 pid 111", name, "span") in steps
     assert not any(label.startswith("worker rank 0") for label, _, _ in steps)
     assert ("api_server pid 100", "vllm.api_server.build_app", "span") in steps
@@ -60,3 +61,18 @@ def test_an_import_stays_one_step() -> None:
     steps = [(st.name, st.kind) for st in _vllm_like().critical_path]
     assert ("import big", "span") in steps
     assert not any(name == "import big.sub" for name, _ in steps)
+
+
+def test_an_idle_rank_hands_the_path_back_to_the_engine_core() -> None:
+    """Rank 0 finishes the KV cache last, but before it rank 0 sat idle (model loaded at 5.9 s)
+    until the engine core's executor init ended (6.0 s), which waited for rank 1 (loaded at
+    5.99 s): the path leaves rank 0 there and goes through rank 1's model load and bootstrap."""
+    m = _vllm_like(kv_last_rank=0)
+    steps = [(m.lanes[st.lane].label, st.name, st.kind) for st in m.critical_path]
+    assert ("worker rank 0 pid 110", "vllm.kv_cache.allocate", "span") in steps
+    assert ("worker rank 0 pid 110", "vllm.model_load", "span") not in steps
+    assert ("worker rank 0 pid 110", "process.bootstrap", "span") not in steps
+    assert ("worker rank 1 pid 111", "vllm.model_load", "span") in steps
+    assert ("worker rank 1 pid 111", "process.bootstrap", "span") in steps
+    for a, b in itertools.pairwise(m.critical_path):
+        assert a.end <= b.start, (a, b)
