@@ -103,8 +103,10 @@ def wait_final(run_dir: Path, timeout: float = 20.0, environ: dict[str, str] | N
         if any(p.alive for p in run.processes):
             return None
         if expect_clock:
-            roots = [
-                p.record.get("root_span") for p in run.processes if p.resource.get("starttrace.start_method") == "root"
+            roots = [  # a root that wrote its exit (one killed by a signal starts no helper)
+                p.record.get("root_span")
+                for p in run.processes
+                if p.resource.get("starttrace.start_method") == "root" and p.exited
             ]
             if any(root and not (run_dir / f"clock-{root}.json").exists() for root in roots):
                 return None
