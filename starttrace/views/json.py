@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from starttrace.analysis.critical_path import path_by_lane
 from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, RunModel, SpanNode
 from starttrace.analysis.nodes import node_rows
 
@@ -55,6 +56,10 @@ def to_json(model: RunModel, include_spans: bool = True) -> dict[str, Any]:
         "ranks": rank_table(model),
         "in_progress": in_progress[:200],
         "critical_path": _path_json(model),
+        "critical_path_by_lane": [
+            {"lane": lane, "label": model.lanes[lane].label, "seconds": round(ns / 1e9, 6)}
+            for lane, ns in path_by_lane(model.critical_path)
+        ],
         "import_hotspots": model.hotspots[:100],
         "preload_advice": model.preload_advice,
         "cuda_audit": model.cuda_audit,

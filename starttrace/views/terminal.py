@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from starttrace.analysis.compare import Comparison
+from starttrace.analysis.critical_path import path_by_lane
 from starttrace.analysis.model import STRUCTURAL_PHASES, RunModel
 from starttrace.analysis.nodes import node_rows
 
@@ -303,6 +304,15 @@ def _critical_path(model: RunModel, console: Console, wide: bool) -> None:
         cols[2].cells.append(_s(model.seconds(st.start)))
         cols[3].cells.append(f"{(st.end - st.start) / 1e9:.3f}")
     _table(console, "critical path to ready", cols, wide)
+    shares = path_by_lane(model.critical_path)
+    if len(shares) > 1:
+        total = sum(ns for _, ns in shares) or 1
+        cols = [Col("process", flex=True), Col("seconds", "right"), Col("share", "right")]
+        for lane, ns in shares[:8]:
+            cols[0].cells.append(model.lanes[lane].label)
+            cols[1].cells.append(f"{ns / 1e9:.3f}")
+            cols[2].cells.append(f"{ns / total:.0%}")
+        _table(console, "critical path per process", cols, wide)
 
 
 def _with_suffix(name: str, suffix: str) -> Callable[[int], str]:

@@ -4,12 +4,17 @@ of its own), and keeps an import with nested imports as one step."""
 
 from __future__ import annotations
 
+import io
 import itertools
 
 from finding_runs import MS, T0, Builder
+from rich.console import Console
 
 from starttrace.analysis.lanes import build_model
 from starttrace.analysis.model import RunModel
+from starttrace.views.html import PHASE_COLORS, environment, render_page
+from starttrace.views.json import to_json
+from starttrace.views.terminal import render_report
 
 
 def _vllm_like(kv_last_rank: int = 1) -> RunModel:
@@ -76,3 +81,31 @@ def test_an_idle_rank_hands_the_path_back_to_the_engine_core() -> None:
     assert ("worker rank 1 pid 111", "process.bootstrap", "span") in steps
     for a, b in itertools.pairwise(m.critical_path):
         assert a.end <= b.start, (a, b)
+
+
+def test_the_path_per_process_in_json_terminal_and_page() -> None:
+    """Which process holds how much of the time to ready: the sums of its steps, most first, the
+    same in the JSON, `starttrace report` and the page."""
+    m = _vllm_like()
+    expected: dict[str, float] = {}
+    for st in m.critical_path:
+        label = m.lanes[st.lane].label
+        expected[label] = expected.get(label, 0.0) + (st.end - st.start) / 1e9
+    doc = to_json(m, include_spans=False)
+    rows = doc["critical_path_by_lane"]
+    assert [r["label"] for r in rows] == sorted(expected, key=lambda k: -expected[k])
+    for r in rows:
+        assert abs(r["seconds"] - expected[r["label"]]) < 1e-6
+    assert rows[0]["label"] == "worker rank 1 pid 111"  # bootstrap, model load and KV cache: 4.9 s
+
+    out = io.StringIO()
+    render_report(m, Console(file=out, width=80, force_terminal=False, color_system=None))
+    text = out.getvalue()
+    table = text[text.index("critical path per process") :]
+    assert table.splitlines()[3].split()[:5] == ["worker", "rank", "1", "pid", "111"]
+    assert f"{expected['worker rank 1 pid 111']:.3f}" in table
+
+    page = render_page(environment(), "startup.html", run=doc, phase_colors=PHASE_COLORS)
+    section = page[page.index('id="critical-path-by-process"') :]
+    section = section[: section.index("</table>")]
+    assert section.index("worker rank 1 pid 111") < section.index("engine_core pid 101")
