@@ -78,6 +78,7 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
 SELF_MIN_NS = 1_000_000  # a span's own time after its last child, shorter than this, is no step of its own
 IDLE_MIN_NS = 2_000_000  # an idle stretch this long in a waited-for lane returns the path to the waiting lane
 
+
 def path_by_lane(steps: list[PathStep]) -> list[tuple[int, int]]:
     """(lane index, ns of the path's steps in that lane), most first: which process holds how
     much of the time to ready (a TP16 run: which rank the path goes through, and for how long)."""
