@@ -16,6 +16,7 @@ from starttrace.journal import FORMAT_VERSION, JournalWriter, encode, quote
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 else:
     Any = object  # annotations are evaluated at run time here (see the module docstring)
@@ -227,8 +228,8 @@ def _export_run_environment() -> None:
     environ["traceparent"] = f"00-{state.trace_id}-{state.root_span}-01"
 
 
-def otlp_endpoint() -> str | None:
-    environ = os.environ
+def otlp_endpoint(environ: "Mapping[str, str] | None" = None) -> "str | None":
+    environ = os.environ if environ is None else environ
     specific = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     if specific:
         return specific
@@ -236,10 +237,18 @@ def otlp_endpoint() -> str | None:
     return general.rstrip("/") + "/v1/traces" if general else None
 
 
+def auto_export_endpoint(environ: "Mapping[str, str] | None" = None) -> "str | None":
+    """The endpoint a root's follower exports the run to (an OTLP endpoint is configured and
+    STARTTRACE_OTLP_AUTO is not 0); None: the run is known from its journals only."""
+    environ = os.environ if environ is None else environ
+    endpoint = otlp_endpoint(environ)
+    return endpoint if endpoint and environ.get("STARTTRACE_OTLP_AUTO", "1") != "0" else None
+
+
 def _start_follower() -> None:
     """With an OTLP endpoint configured, a detached helper exports the run (see export/follower.py)."""
-    endpoint = otlp_endpoint()
-    if not endpoint or os.environ.get("STARTTRACE_OTLP_AUTO", "1") == "0":
+    endpoint = auto_export_endpoint()
+    if not endpoint:
         return
     env = dict(os.environ)
     env[ENV_INTERNAL] = "1"
@@ -468,8 +477,14 @@ def _end_process(exit_code: int | None) -> None:
     recorder.end(recorder.process_span_id, attrs or None)
     if state.is_root and not state.ready:
         recorder.end(state.root_span, {"starttrace.ended_by": "root_exit"})
-    if state.is_root:  # the NTP state of a journal-only run, read off the traced processes
-        sys.modules["starttrace.nodeinfo"].record_clock_later(state.run_dir, state.root_span, reap=False)
+    _record_clock_state(reap=False)  # at exit: init reaps the helper
+
+
+def _record_clock_state(reap: bool) -> None:
+    """The NTP state of a journal-only run, read off the traced processes (with a follower, the
+    follower measures it): once per root, at its ready or exit."""
+    if state.is_root and auto_export_endpoint() is None:
+        sys.modules["starttrace.nodeinfo"].record_clock_later(state.run_dir, state.root_span, reap)
 
 
 def _at_exit() -> None:
@@ -637,7 +652,6 @@ def mark_ready(attrs: dict[str, Any] | None = None) -> None:
         recorder.instant("ready", ready_attrs, parent=recorder.process_span_id)
         if state.root_span:
             recorder.end(state.root_span, {"starttrace.ended_by": "ready"})
-        if state.is_root:  # the NTP state of a journal-only run, read off the traced processes
-            sys.modules["starttrace.nodeinfo"].record_clock_later(state.run_dir, state.root_span)
+        _record_clock_state(reap=True)
     except Exception as exc:
         recorder.report(f"mark_ready failed: {type(exc).__name__}: {exc}", key="ready")

@@ -84,20 +84,17 @@ class _Clock:
 _HELPER_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH")
 
 
-def record_clock_later(run_dir: str, root_span: str, reap: bool = True) -> None:
+def record_clock_later(run_dir: str, root_span: str, reap: bool) -> None:
     """The kernel's NTP state for a run no exporter follows (journals only): a root process calls
-    this at its `ready` or exit (once). A detached helper (`python -m starttrace.clocksync`, not
-    traced, its output to /dev/null: it holds none of the program's pipes) reads adjtimex, which
-    needs ctypes, and writes `<run folder>/clock-<root span>.json`; readers put it on the processes
-    of this host (docs/journal.md). With an OTLP endpoint the exporter records it instead.
-    `reap`: wait for the helper on a thread of ours (at ready; at exit, init reaps it)."""
+    this at its `ready` or exit (once; `boot._record_clock_state`). A detached helper (`python -m
+    starttrace.clocksync`, not traced, its output to /dev/null: it holds none of the program's
+    pipes) reads adjtimex, which needs ctypes, and writes `<run folder>/clock-<root span>.json`;
+    readers put it on the processes of this host (docs/journal.md). `reap`: wait for the helper on
+    a thread of ours (at ready; at exit, init reaps it)."""
     environ = os.environ
     if _Clock.recorded or not run_dir or not root_span:
         return
     _Clock.recorded = True
-    exporting = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if exporting and environ.get("STARTTRACE_OTLP_AUTO", "1") != "0":
-        return
     env = {"STARTTRACE_INTERNAL": "1"}  # what the helper needs, not a copy of the program's environment
     for name in _HELPER_ENV:
         value = environ.get(name)

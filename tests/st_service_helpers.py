@@ -89,14 +89,11 @@ def wait_final(run_dir: Path, timeout: float = 20.0, environ: dict[str, str] | N
     the kernel's NTP state can be read, the clock file that the root's detached helper writes
     after the root's exit is there (`starttrace.clocksync`). Two reads of the run taken on either
     side of that file differ in the processes' clock attributes."""
+    from starttrace.boot import auto_export_endpoint
     from starttrace.clocksync import ntp_state
     from starttrace.sources.journal_reader import read_run
 
-    env = environ or {}
-    exporting = (env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")) and env.get(
-        "STARTTRACE_OTLP_AUTO", "1"
-    ) != "0"
-    expect_clock = bool(ntp_state()) and not exporting
+    expect_clock = bool(ntp_state()) and auto_export_endpoint(environ or {}) is None
 
     def final() -> Any:
         run = read_run(run_dir)

@@ -97,11 +97,7 @@ def _candidates(lanes: list[Lane]) -> tuple[list[list[SpanNode]], list[list[int]
     per_lane: list[list[SpanNode]] = []
     ends: list[list[int]] = []
     for lane in lanes:
-        cand = [
-            n
-            for n in lane.spans
-            if n is not lane.process_span and n.phase not in STRUCTURAL_PHASES and not n.instant and n.duration > 0
-        ]
+        cand = [n for n in lane.spans if n is not lane.process_span and _can_be_a_step(n)]
         cand.sort(key=_DURATION, reverse=True)  # two stable sorts: by end, then the longest first
         cand.sort(key=_EFF_END)
         per_lane.append(cand)
@@ -154,15 +150,18 @@ def _last_inner(span: SpanNode, t: int) -> SpanNode | None:
     for child in span.children:
         if (
             child.phase != "import"
-            and child.phase not in STRUCTURAL_PHASES
-            and not child.instant
-            and child.duration > 0
+            and _can_be_a_step(child)
             and child.eff_end <= t
             and child.start < t
             and (best is None or child.eff_end > best.eff_end)
         ):
             best = child
     return best
+
+
+def _can_be_a_step(n: SpanNode) -> bool:
+    """A span with time of its own on the path: not a process or startup span, not an instant."""
+    return n.phase not in STRUCTURAL_PHASES and not n.instant and n.duration > 0
 
 
 def _last_ended(cand: list[SpanNode], cend: list[int], t: int) -> SpanNode | None:

@@ -144,7 +144,7 @@ def adopt(run_id: str, trace_id: str, how: str) -> bool:
     new_dir = os.path.join(os.path.dirname(first_dir), run_id)
     os.makedirs(new_dir, exist_ok=True)
     marker = os.path.join(first_dir, MOVED_PREFIX + state.root_span)
-    follower = boot.otlp_endpoint() and os.environ.get("STARTTRACE_OTLP_AUTO", "1") != "0"
+    follower = boot.auto_export_endpoint() is not None
     if follower:
         _write_file(marker, new_dir + "\n")
     try:
