@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 mkdir -p artifacts
 echo "== ruff"
-.venv/bin/ruff check starttrace tests benchmarks examples
+.venv/bin/ruff check starttrace tests benchmarks examples hatch_build.py
 echo "== pytest"
 set +e
 .venv/bin/python -m pytest -p no:cacheprovider "$@"

@@ -339,6 +339,7 @@ def _process_record(parent_span: str | None, launch_pid: int | None, created: in
         "preloaded": sorted(sys.modules),
         "footprint": journal.footprint,
         "python": sys.version.split()[0],
+        "hotpath": "python" if journal.hotpath is None else "c",
     }
     return encode(record) + "\n"
 

@@ -72,11 +72,12 @@ def segment_path(base: str, number: int) -> str:
 class JournalWriter:
     """Writes whole records into memory-mapped segments `<base>.<n>.journal`.
 
-    `put` is the bound `write` method of the current segment's mapping (None once the journal
-    failed or was closed): one C call that copies a record and advances the position, atomic
-    under the GIL, so threads never tear or interleave records. It raises ValueError when the
-    record does not fit; `write` (and the recorder's inlined copy of it) then call `overflow`,
-    which opens the next segment. A record never spans two segments. The last RESERVE bytes of
+    `put` is the bound `write` method of the current segment (None once the journal failed or
+    was closed): a `_hotpath.Segment` over the mapping where the C core is built, else the
+    mapping's own. One C call that copies a record and advances the position, atomic under the
+    GIL, so threads never tear or interleave records. It raises ValueError when the record does
+    not fit; `write` (and the import probe's inlined copies of it) then call `overflow`, which
+    opens the next segment. A record never spans two segments. The last RESERVE bytes of
     a segment are not mapped for records: they keep room for the `warn` record that says why
     the journal ends, should the next segment fail (a full disk).
     """
@@ -145,7 +146,7 @@ class JournalWriter:
         os.close(fd)
         self.number += 1
         self.size = size
-        self.put = mapping.write
+        self.put = hotpath.Segment(mapping).write if hotpath is not None else mapping.write  # type: ignore[attr-defined]
 
     def _fail(self, full_put: object, message: str) -> None:
         """Stop for good; write the `warn` record into the current segment's reserved tail."""
@@ -252,3 +253,18 @@ def _load_mmap():  # type: ignore[no-untyped-def]
 
 
 _mmap = None
+
+
+def _load_hotpath():  # type: ignore[no-untyped-def]
+    """The C core of the hot path (starttrace/_hotpath.c, built at install when a C compiler is
+    there), or None: not built, or STARTTRACE_PURE_PYTHON=1 (the Python code, same records)."""
+    if os.environ.get("STARTTRACE_PURE_PYTHON", "").strip() not in ("", "0"):
+        return None
+    try:
+        from starttrace import _hotpath  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _hotpath
+
+
+hotpath = _load_hotpath()

@@ -19,7 +19,7 @@ import sys
 from _thread import get_ident
 from time import monotonic_ns
 
-from starttrace import recorder
+from starttrace import journal, recorder
 from starttrace.journal import quote
 
 TYPE_CHECKING = False
@@ -42,7 +42,26 @@ def install() -> None:
     elif min_us not in ("", "0"):
         recorder.report(f"ignoring STARTTRACE_MIN_IMPORT_US={min_us!r}: not a whole number of microseconds")
     _original = bootstrap._find_and_load
-    bootstrap._find_and_load = _make_wrapper(_original, __import__)
+    wrapper = _make_wrapper(_original, __import__)
+    bootstrap._find_and_load = _c_wrapper(_original, wrapper) or wrapper
+
+
+def _c_wrapper(original: "Callable[[str, Any], Any]", wrapper: "Callable[[str, Any], Any]") -> "Any":
+    """The C copy of the wrapper's common case (starttrace/_hotpath.c), handing it everything
+    else; None where the C core is not built or STARTTRACE_PURE_PYTHON=1."""
+    if journal.hotpath is None:
+        return None
+    return journal.hotpath.ImportHook(
+        original,
+        __import__,
+        wrapper,
+        sys.modules,
+        vars(recorder),
+        _end_slow,
+        _end_failed,
+        _end_record,
+        _write_compact,
+    )
 
 
 def uninstall() -> None:
@@ -87,7 +106,7 @@ def _make_wrapper(original: "Callable[[str, Any], Any]", builtin_import: "Any") 
         try:
             module = original(name, import_)
         except BaseException as exc:
-            rec.end(span_id, error=f"{type(exc).__name__}: {exc}")
+            _end_failed(span_id, exc)
             raise
         try:
             path = module.__file__  # a plain attribute read: AttributeError only for built-in modules
@@ -97,8 +116,8 @@ def _make_wrapper(original: "Callable[[str, Any], Any]", builtin_import: "Any") 
             stack.pop()  # the common case: this span is on top of this thread's stack
             if path.__class__ is str and "\n" not in path:
                 line = f"E{span_id}{monotonic_ns() - start} {path}\n"
-            elif path.__class__ is str:  # a newline would end the record: a JSON one instead
-                line = f'{{"k":"e","s":"{span_id}","t":{monotonic_ns()},"a":{{"code.file.path":{quote(path)}}}}}\n'
+            elif path.__class__ is str:
+                line = _end_record(span_id, start, path)
             else:
                 line = f"E{span_id}{monotonic_ns() - start}\n"
             try:  # `writer` may have failed or been replaced meanwhile (a fork): _write_compact sorts it out
@@ -112,6 +131,19 @@ def _make_wrapper(original: "Callable[[str, Any], Any]", builtin_import: "Any") 
     _find_and_load.__starttrace__ = True  # type: ignore[attr-defined]
     _find_and_load.__wrapped__ = original  # type: ignore[attr-defined]
     return _find_and_load
+
+
+def _end_failed(span_id: str, exc: BaseException) -> None:
+    """End the span of an import that raised `exc`."""
+    recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
+
+
+def _end_record(span_id: str, start: int, path: str) -> str:
+    """The end record of an import span whose path needs a look: a newline would end the record
+    (a JSON one instead); lone surrogates are left to `_write_compact`."""
+    if "\n" not in path:
+        return f"E{span_id}{monotonic_ns() - start} {path}\n"
+    return f'{{"k":"e","s":"{span_id}","t":{monotonic_ns()},"a":{{"code.file.path":{quote(path)}}}}}\n'
 
 
 def _write_compact(line: str) -> None:

@@ -1,7 +1,7 @@
-"""The journal reaches only the journal (docs/journal.md, version 2), whatever the traced program does
+"""The journal reaches only the journal (docs/journal.md), whatever the traced program does
 with its descriptors, and survives what it does to itself: closerange then reopen, dup2 over every
 descriptor, fork after a closerange, SIGKILL in the middle of a burst of records, many writers at
-once, a disk that fills up."""
+once, a disk that fills up. Each with the C core of the hot path and with the Python code."""
 
 from __future__ import annotations
 
@@ -20,6 +20,23 @@ import pytest
 
 from starttrace.sources.journal_files import journal_files
 from starttrace.sources.journal_reader import Run, read_run
+
+
+@pytest.fixture(params=["c", "python"])
+def hotpath(request: pytest.FixtureRequest) -> str:
+    """Every test here runs with the C core of the hot path (where built) and with the Python code."""
+    return str(request.param)
+
+
+@pytest.fixture(name="clean_env")
+def clean_env_for_hotpath(clean_env: Callable[..., dict[str, str]], hotpath: str) -> Callable[..., dict[str, str]]:
+    pure = {"STARTTRACE_PURE_PYTHON": "1"} if hotpath == "python" else {}
+    return lambda **extra: clean_env(**pure, **extra)
+
+
+@pytest.fixture(name="traced_env")
+def traced_env_for_hotpath(clean_env: Callable[..., dict[str, str]], journal_root: Path) -> dict[str, str]:
+    return clean_env(STARTTRACE="1", STARTTRACE_DIR=str(journal_root))
 
 
 def program_bytes(i: int) -> bytes:

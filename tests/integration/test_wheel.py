@@ -4,6 +4,8 @@ venv that has nothing else installed: the hot path needs only the standard libra
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -54,6 +56,10 @@ def test_wheel_installs_pth_and_traces_spawn_children(
         for module in ("boot.py", "recorder.py", "journal.py", "probes/imports.py", "probes/multiprocessing.py"):
             assert f"starttrace/{module}" in names
         assert not [n for n in names if n.startswith(("tests/", "benchmarks/"))]
+        c_core = [n for n in names if n.startswith("starttrace/_hotpath") and n.endswith(".so")]
+        if shutil.which(os.environ.get("CC", "cc")) is not None:  # built where a compiler is (hatch_build.py)
+            assert len(c_core) == 1, names
+            assert "-linux_" in wheel.name, f"a wheel with a C extension is not tagged py3-none-any: {wheel.name}"
 
     venv = tmp_path / "fresh venv"  # a space in the path, as users have
     base_python = getattr(sys, "_base_executable", None) or "python3"
@@ -96,5 +102,6 @@ def test_wheel_installs_pth_and_traces_spawn_children(
     methods = sorted(r["method"] for r in records.values())
     assert "root" in methods and "spawn" in methods, methods
     assert {r["exe"] for r in records.values()} == {str(python)}
+    assert {r["hotpath"] for r in records.values()} == {"c" if c_core else "python"}
     child = records[result["pid"]]
     assert child["parent"] is not None and child["run"] == run_dir.name

@@ -1,0 +1,64 @@
+"""Builds starttrace's optional C core (starttrace/_hotpath.c) when the package is built or installed.
+
+Without a C compiler, or when STARTTRACE_BUILD_PURE=1, the wheel is pure Python and the hot path
+runs its Python code: the same records, at a higher cost per event (docs/benchmarks.md). An
+editable install (`pip install -e`) compiles into the source tree, where that install imports from.
+"""
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+SOURCE = Path("starttrace") / "_hotpath.c"
+
+
+def compile_hotpath(root: Path) -> Path | None:
+    """Compile the extension next to its source; its path, or None (reason on stderr)."""
+    if os.environ.get("STARTTRACE_BUILD_PURE", "").strip() not in ("", "0"):
+        return None
+    source = root / SOURCE
+    target = source.with_name("_hotpath" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+    compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    if not compiler or shutil.which(compiler[0]) is None:
+        print(f"starttrace: no C compiler ({compiler[:1]}): building the pure-Python hot path", file=sys.stderr)
+        return None
+    include = sysconfig.get_paths()["include"]
+    partial = target.with_name(f".{target.name}.{os.getpid()}")
+    command = [
+        *compiler,
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-Wall",
+        "-Werror=implicit-function-declaration",
+        f"-I{include}",
+        str(source),
+        "-o",
+        str(partial),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"starttrace: building {SOURCE} failed, pure-Python hot path:\n{done.stderr}", file=sys.stderr)
+        partial.unlink(missing_ok=True)
+        return None
+    os.replace(partial, target)  # processes running the old file keep their mapping of it
+    return target
+
+
+class CustomBuildHook(BuildHookInterface):
+    def initialize(self, version: str, build_data: dict) -> None:
+        if self.target_name != "wheel":
+            return
+        built = compile_hotpath(Path(self.root))
+        if built is None:
+            return
+        build_data["pure_python"] = False
+        build_data["infer_tag"] = True
+        if version != "editable":  # an editable install imports the file from the source tree
+            build_data["force_include"][str(built)] = f"starttrace/{built.name}"
