@@ -7,6 +7,10 @@ time is not: every program runs under `valgrind --tool=callgrind` with PYTHONHAS
 caches written beforehand, and journals in a temporary folder that is removed afterwards. Each case
 runs untraced and traced one after the other in the same invocation and prints the ratio.
 
+Where the hot path's C core is built (starttrace/_hotpath.c), every traced case also runs with
+STARTTRACE_PURE_PYTHON=1 (the Python code writing the same records): a third column, and the
+per-span cost of both.
+
 1. activation: `python -c pass` traced minus untraced (run creation, process record, probes).
 2. one import span: a program imports N one-line modules (fresh files, none cached in sys.modules);
    (traced - untraced - activation) / N is the cost of one import span (begin + end record).
@@ -36,18 +40,25 @@ for i in range({count}):
 """
 
 
-def base_env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("STARTTRACE", "VLLM_STARTTRACE", "OTEL_", "PYTHONPROFILEIMPORTTIME"))
-        and k.lower() != "traceparent"
-        and k != "PYTHONDONTWRITEBYTECODE"  # measure with bytecode caches, as installed packages have them
-    }
+# What a program's instruction count depends on beyond its own work: the environment's size moves
+# the heap, and with it the hash order of everything keyed by address (pybind11's type caches, sets
+# of types, ...): the same untraced `import torch` counted 5,178 M to 5,194 M instructions with the
+# caller's environment. So every case runs with this fixed environment (plus PYTHONPATH when set,
+# for a copy of the tree), in a folder of a fixed name, and the cases differ by one byte:
+# STARTTRACE=0 (off: the .pth line imports nothing) or 1, STARTTRACE_PURE_PYTHON=0 or 1.
+KEPT = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH")
+WORK = Path(tempfile.gettempdir()) / "starttrace-instructions"
+
+
+def base_env(traced: bool = False, pure: bool = False) -> dict[str, str]:
+    env = {k: os.environ[k] for k in KEPT if k in os.environ}
     env["PYTHONHASHSEED"] = "0"
     # callgrind counts every thread: idle OpenBLAS / OpenMP workers spin for as long as the
     # program runs, so their count follows wall time, not the work done. One thread each.
     env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = "1"
+    env["STARTTRACE"] = "1" if traced else "0"
+    env["STARTTRACE_PURE_PYTHON"] = "1" if pure else "0"
+    env["STARTTRACE_DIR"] = str(WORK / "runs")
     return env
 
 
@@ -84,23 +95,40 @@ def main() -> int:
         raise SystemExit("valgrind is not installed (Debian: apt-get install -y valgrind)")
 
     python = sys.executable
-    work = Path(tempfile.mkdtemp(prefix="starttrace-instr-"))
-    off = base_env()
-    on = dict(off, STARTTRACE="1", STARTTRACE_DIR=str(work / "runs"))
-    results: dict[str, object] = {}
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir()
+    work = WORK
+    off, on = base_env(), base_env(traced=True)
+    built = subprocess.run(
+        [python, "-c", "from starttrace import journal; print(journal.hotpath is not None)"],
+        env=off, capture_output=True, text=True,
+    ).stdout.strip() == "True"  # fmt: skip
+    pure = base_env(traced=True, pure=True) if built else None
+    results: dict[str, object] = {"c_core": built}
     try:
         print(f"python {python} ({sys.version.split()[0]}), valgrind callgrind, PYTHONHASHSEED=0")
-        print(f"  {'case':<44} {'untraced':>14} {'traced':>14} {'delta':>12} {'ratio':>8}")
+        print(f"hot path: {'C core, and the Python code (STARTTRACE_PURE_PYTHON=1) beside it' if built else 'Python'}")
+        third = f" {'traced, Python':>15} {'delta':>12} {'ratio':>8}" if pure else ""
+        print(f"  {'case':<44} {'untraced':>14} {'traced':>14} {'delta':>12} {'ratio':>8}{third}")
 
-        def show(name: str, a: int, b: int) -> None:
-            print(f"  {name:<44} {a:>14,} {b:>14,} {b - a:>+12,} {b / a:>7.4f}x")
+        def show(name: str, a: int, b: int, c: int | None = None) -> None:
+            extra = f" {c:>15,} {c - a:>+12,} {c / a:>7.4f}x" if c is not None else ""
+            print(f"  {name:<44} {a:>14,} {b:>14,} {b - a:>+12,} {b / a:>7.4f}x{extra}")
             results[name] = {"untraced": a, "traced": b, "delta": b - a, "ratio": b / a}
+            if c is not None:
+                results[name].update(traced_python=c, delta_python=c - a, ratio_python=c / a)  # type: ignore[attr-defined]
+
+        def count(cmd: list[str]) -> tuple[int, int, int | None]:
+            warm(cmd, *([off, on, pure] if pure else [off, on]))
+            return (
+                instructions(cmd, off, work),
+                instructions(cmd, on, work),
+                instructions(cmd, pure, work) if pure else None,
+            )
 
         # 1. activation
-        cmd = [python, "-c", "pass"]
-        warm(cmd, off, on)
-        pass_off, pass_on = instructions(cmd, off, work), instructions(cmd, on, work)
-        show("python -c pass (activation)", pass_off, pass_on)
+        pass_off, pass_on, pass_pure = count([python, "-c", "pass"])
+        show("python -c pass (activation)", pass_off, pass_on, pass_pure)
         activation = pass_on - pass_off
 
         # 2. per import span
@@ -108,25 +136,28 @@ def main() -> int:
         folder.mkdir()
         for i in range(args.imports):
             (folder / f"synth_mod_{i}.py").write_text(f"VALUE = {i}\n")
-        cmd = [python, "-c", IMPORT_LOOP.format(folder=str(folder), count=args.imports)]
-        warm(cmd, off, on)
-        imp_off, imp_on = instructions(cmd, off, work), instructions(cmd, on, work)
-        show(f"import {args.imports} one-line modules", imp_off, imp_on)
+        imp_off, imp_on, imp_pure = count([python, "-c", IMPORT_LOOP.format(folder=str(folder), count=args.imports)])
+        show(f"import {args.imports} one-line modules", imp_off, imp_on, imp_pure)
         per_span = (imp_on - imp_off - activation) / args.imports
         results["per_import_span"] = per_span
         results["activation"] = activation
+        if pure and pass_pure is not None and imp_pure is not None:
+            results["per_import_span_python"] = (imp_pure - imp_off - (pass_pure - pass_off)) / args.imports
+            results["activation_python"] = pass_pure - pass_off
 
         # 3. import torch
         if not args.no_torch:
             cmd = [python, "-c", "import torch"]
             if subprocess.run(cmd, env=off, capture_output=True).returncode == 0:
-                warm(cmd, off, on)
-                show("python -c 'import torch'", instructions(cmd, off, work), instructions(cmd, on, work))
+                show("python -c 'import torch'", *count(cmd))
             else:
                 print("  (torch is not installed: skipped)")
 
         print(f"\n  activation: {activation:,} instructions")
         print(f"  one import span (begin + end record): {per_span:,.0f} instructions")
+        if "per_import_span_python" in results:
+            print(f"  the same, Python code: activation {results['activation_python']:,}, "
+                  f"one import span {results['per_import_span_python']:,.0f} instructions")  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:

@@ -12,6 +12,11 @@ reads and two copies into the journal's mapping (docs/benchmarks.md has its cost
 instructions). Anything unusual (another thread, `importlib`, held-back spans, a fork during the
 import, a probe waiting for this module, a full journal segment) takes the recorder's general
 path and its JSON records.
+
+Where the hot path's C core is built (`starttrace/_hotpath.c`), its `ImportHook` takes the
+common case instead, writing the same two records for a quarter of the cost, and hands every
+other import, whole, to this wrapper (and the rare ends to `_end_slow`, `_end_failed`,
+`_end_record` and `_write_compact` below).
 """
 
 import os
