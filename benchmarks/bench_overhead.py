@@ -180,7 +180,7 @@ def main() -> int:
             lambda: wall([python, "-c", "pass"], dict(off, STARTTRACE="0")),
         )
         off_rows = [row("python -c pass: unset vs STARTTRACE=0", unset_s, zero_s)]
-        print_table("   (STARTTRACE=0 imports starttrace.boot before deciding it is off)", off_rows, "unset", "=0")
+        print_table("   (STARTTRACE=0: the .pth line reads the value and imports nothing)", off_rows, "unset", "=0")
         results["off"] = [{"case": "pth line, env unset", "ns": per_exec_unset * 1e9}, *off_rows]
 
         # 2. whole programs -----------------------------------------------------------------------
