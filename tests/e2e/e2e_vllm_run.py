@@ -58,6 +58,9 @@ class Served:
     run_dir: Path
 
 
+VLLM_INIT_SPANS = {"EngineCoreProc init", "Worker init"}  # vLLM's own, sent by its exporter
+
+
 def serve_traced(base: Path, receiver: Any) -> Served:
     """Start the traced `vllm serve` under `base`, take it to ready and one completion, stop it."""
     why_not = vllm_importable(PYTHON)
@@ -94,11 +97,14 @@ def serve_traced(base: Path, receiver: Any) -> Served:
             logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(split.glob("*.err")))
             raise AssertionError(f"{exc}\nper-process stderr:\n{logs}") from None
         completion = complete(server, model, max_tokens=5)
-        # vLLM's BatchSpanProcessor exports every 5 s: wait for spans of the workers too.
+        # vLLM's BatchSpanProcessor exports every 5 s: wait for the spans the tests look for, each
+        # process's outermost init span included (it ends last, so it may come in a later batch
+        # than the process's first spans)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            kinds = {s.resource.get("vllm.process_kind") for s in receiver.spans()}
-            if {"engine_core", "worker"} <= kinds:
+            got = receiver.spans()
+            kinds = {s.resource.get("vllm.process_kind") for s in got}
+            if {"engine_core", "worker"} <= kinds and VLLM_INIT_SPANS <= {s.name for s in got}:
                 break
             time.sleep(0.5)
     finally:
