@@ -13,6 +13,8 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from starttrace.sources.journal_files import journal_files, journal_lines
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,15 +41,22 @@ PROGRAM = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("build", ["with the C core", "pure Python"])
 def test_wheel_installs_pth_and_traces_spawn_children(
-    venv_python: str, tmp_path: Path, clean_env: Callable[..., dict[str, str]], only_run_dir: Callable[[Path], Path]
-) -> None:
+    venv_python: str, tmp_path: Path, clean_env: Callable[..., dict[str, str]], only_run_dir: Callable[[Path], Path],
+    build: str,
+) -> None:  # fmt: skip
+    """Both wheels a user can get: built where a C compiler is (the C core inside, a platform tag),
+    and without one (STARTTRACE_BUILD_PURE=1 stands in for a missing compiler: py3-none-any, no
+    shared library even though the source tree has one built, the same records from the Python code)."""
+    pure = build == "pure Python"
     dist = tmp_path / "dist"
-    build = subprocess.run(
+    build_env = clean_env(STARTTRACE_BUILD_PURE="1") if pure else clean_env()
+    done = subprocess.run(
         [venv_python, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(REPO)],
-        capture_output=True, text=True, timeout=180, env=clean_env(), cwd=tmp_path,
+        capture_output=True, text=True, timeout=180, env=build_env, cwd=tmp_path,
     )  # fmt: skip
-    assert build.returncode == 0, build.stderr
+    assert done.returncode == 0, done.stderr
     (wheel,) = dist.glob("starttrace-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
@@ -57,7 +66,9 @@ def test_wheel_installs_pth_and_traces_spawn_children(
             assert f"starttrace/{module}" in names
         assert not [n for n in names if n.startswith(("tests/", "benchmarks/"))]
         c_core = [n for n in names if n.startswith("starttrace/_hotpath") and n.endswith(".so")]
-        if shutil.which(os.environ.get("CC", "cc")) is not None:  # built where a compiler is (hatch_build.py)
+        if pure:
+            assert c_core == [] and wheel.name.endswith("-py3-none-any.whl"), (wheel.name, c_core)
+        elif shutil.which(os.environ.get("CC", "cc")) is not None:  # built where a compiler is (hatch_build.py)
             assert len(c_core) == 1, names
             assert "-linux_" in wheel.name, f"a wheel with a C extension is not tagged py3-none-any: {wheel.name}"
 
