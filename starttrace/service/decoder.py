@@ -4,29 +4,50 @@ HTTP, the store's writer and the models.
 Decoding a span (`sources.otlp.decode`: parse, validate, one row tuple) and storing it (the
 store's writer, SQLite) each run at 80k-240k spans/s alone, but in one interpreter they share one
 GIL and ingest reached 36-46k spans/s (docs/benchmarks.md, "Ingest's two halves alone"). Here the
-body goes to a worker process (a spawned interpreter that imports only `sources.otlp`) and the
-decoded batch comes back pickled, which costs about a fifth of decoding it.
+body goes to a worker process (spawned once, at the service's start; like any spawned child it
+imports the service's main module) and the decoded batch comes back pickled, which costs about a
+fifth of decoding it.
 
-Small bodies are decoded inline (a round trip to the worker would cost more than they do). If the
-worker dies, the body is decoded inline and a new worker started; the failure is reported once in
-`errors` (`/healthz`).
+Small bodies are decoded inline (a round trip to the worker would cost more than they do), and
+large ones in a thread when there is no worker, so that the event loop stays free. If the worker
+dies, the body is decoded inline and a new worker started; the failure is reported once in
+`errors` (`/healthz`). The worker exits when the service does, even when it is killed: it
+watches its parent (its own copy of the task queue's pipe would keep it waiting forever).
 """
 
 from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import os
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+
+import anyio.to_thread
 
 from starttrace.sources.otlp import Decoded, parse_and_decode
 
 INLINE_MAX_BYTES = 16 * 1024  # bodies up to this size are decoded in the service itself
+THREAD_MIN_BYTES = 1_000_000  # without a worker, bodies from this size are decoded in a thread
+PARENT_POLL_S = 0.5
+
+
+def _worker_start(parent: int) -> None:
+    """The worker's initializer: exit as soon as the service is gone."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="starttrace-decoder-parent", daemon=True).start()
 
 
 def _warm() -> None:
-    """Runs in the worker at its start: the decoder imported before the first body arrives."""
-    import starttrace.sources.otlp  # noqa: F401
+    """A task that does nothing: sent at start, it makes the worker start and import this module
+    (and with it the decoder) before the first body arrives."""
 
 
 class Decoder:
@@ -39,7 +60,10 @@ class Decoder:
         if self.workers > 0 and self._pool is None:
             # spawn: the service has threads (writer, prebuild), which a fork would copy mid-lock
             self._pool = ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_warm
+                self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_worker_start,
+                initargs=(os.getpid(),),
             )
             self._pool.submit(_warm)  # start the worker now, not on the first request
 
@@ -52,6 +76,8 @@ class Decoder:
         """`parse_and_decode(body, content_type)`, in the worker when the body is worth sending
         there. Raises what it raises (BadRequest, ...)."""
         pool = self._pool
+        if pool is None and len(body) >= THREAD_MIN_BYTES:
+            return await anyio.to_thread.run_sync(parse_and_decode, body, content_type)
         if pool is None or len(body) <= INLINE_MAX_BYTES:
             return parse_and_decode(body, content_type)
         try:

@@ -16,7 +16,6 @@ import json
 import zlib
 from collections.abc import AsyncIterator, Callable
 
-import anyio.to_thread
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
@@ -24,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from starttrace.service.decoder import Decoder
-from starttrace.sources.otlp import JSON, PROTOBUF, BadRequest, parse_and_decode
+from starttrace.sources.otlp import JSON, PROTOBUF, BadRequest
 from starttrace.sources.store import Store, StoreSaturated
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
@@ -156,12 +155,7 @@ async def handle_traces(
         count(enc_label, 400)
         return status_response(400, str(exc), ctype)
     try:
-        if decoder is not None:
-            decoded = await decoder.decode(body, ctype)
-        elif len(body) > 1_000_000:  # keep the event loop free for other requests
-            decoded = await anyio.to_thread.run_sync(parse_and_decode, body, ctype)
-        else:
-            decoded = parse_and_decode(body, ctype)
+        decoded = await (decoder or Decoder(workers=0)).decode(body, ctype)
     except BadRequest as exc:
         count(enc_label, 400)
         return status_response(400, str(exc), ctype)

@@ -63,3 +63,12 @@ def test_a_killed_worker_loses_no_span_and_is_replaced(server: Server) -> None:
         assert httpx.post(server.url + "/v1/traces", content=body, headers=PROTOBUF, timeout=30).status_code == 200
     wait_for(lambda: _stored(server) == run.span_count, timeout=30)
     assert len(httpx.get(server.url + "/healthz").json()["decoder_errors"]) == 1, "reported once"
+
+
+def test_the_worker_exits_with_a_killed_service(server: Server) -> None:
+    wait_for(lambda: len(_workers(server)) == 1, timeout=30)
+    (worker,) = _workers(server)
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.proc.wait(10)
+    worker.wait(10)  # psutil.TimeoutExpired if the worker outlives its service
+    assert not worker.is_running()
