@@ -107,6 +107,7 @@ def wait_final(run_dir: Path, timeout: float = 20.0, environ: dict[str, str] | N
             ]
             if any(root and not (run_dir / f"clock-{root}.json").exists() for root in roots):
                 return None
+            run = read_run(run_dir)  # again: the file may have come between the first read and the check
         return run
 
     return wait_for(final, timeout)
