@@ -100,7 +100,7 @@ def main() -> int:
     work = WORK
     off, on = base_env(), base_env(traced=True)
     built = subprocess.run(
-        [python, "-c", "from starttrace import journal; print(journal.hotpath is not None)"],
+        [python, "-c", "import importlib.util as u; print(u.find_spec('starttrace._hotpath') is not None)"],
         env=off, capture_output=True, text=True,
     ).stdout.strip() == "True"  # fmt: skip
     pure = base_env(traced=True, pure=True) if built else None

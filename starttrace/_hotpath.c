@@ -321,14 +321,16 @@ end_span(ImportHook *self, PyObject *writer, PyObject *name, PyObject *span_id, 
          long long start, PyObject *path, PyObject *module)
 {
     Py_ssize_t depth = PyList_GET_SIZE(stack);
-    int hooked = 0;
-    if (depth > 0 && PyList_GET_ITEM(stack, depth - 1) == span_id && PyDict_GET_SIZE(self->pending) == 0) {
-        hooked = PyDict_Contains(self->post_hooks, name);
+    /* the common end: this span on top of the stack, nothing held back, no probe waiting */
+    int common = depth > 0 && PyList_GET_ITEM(stack, depth - 1) == span_id && PyDict_GET_SIZE(self->pending) == 0;
+    if (common) {
+        int hooked = PyDict_Contains(self->post_hooks, name);
         if (hooked < 0) {
             return -1;
         }
+        common = !hooked;
     }
-    if (depth == 0 || PyList_GET_ITEM(stack, depth - 1) != span_id || PyDict_GET_SIZE(self->pending) != 0 || hooked) {
+    if (!common) {
         PyObject *done = PyObject_CallFunctionObjArgs(self->end_slow, name, span_id, path ? path : Py_None, module, NULL);
         Py_XDECREF(done);
         return done == NULL ? -1 : 0;

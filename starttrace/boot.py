@@ -36,6 +36,7 @@ ENV_LAUNCH_NS = "STARTTRACE_LAUNCH_NS"
 ENV_SERVICE = "STARTTRACE_SERVICE_NAME"
 ENV_DIR = "STARTTRACE_DIR"
 ENV_MIN_IMPORT_US = "STARTTRACE_MIN_IMPORT_US"
+ENV_PURE_PYTHON = "STARTTRACE_PURE_PYTHON"  # on: ignore the C core of the hot path
 ENV_ANCHOR = "STARTTRACE_ANCHOR"
 ENV_NEW_RUN_ID = "STARTTRACE_NEW_RUN_ID"
 ENV_DISABLED = "STARTTRACE_DISABLED"  # set when the run could not be recorded: children stay off
@@ -157,6 +158,7 @@ def _activate() -> None:
     # Load every module starttrace needs before the process record lists what was preloaded,
     # so that none of starttrace's own imports shows up as the traced program's.
     _load_atexit()
+    _load_hotpath(environ)
     from starttrace import nodeinfo  # noqa: F401  (used by _initial_identity, after the record)
     from starttrace.probes import load_all
 
@@ -425,6 +427,22 @@ def _is_multiprocessing_child() -> bool:
 # behaves like the first. Any other module activation loads stays and is named in the footprint.
 _HIDEABLE = frozenset({"__future__", "atexit", "mmap"})
 _atexit: Any = None
+
+
+def _load_hotpath(environ: "Mapping[str, str]") -> None:
+    """Use the C core of the hot path (starttrace/_hotpath.c, built at install where a C compiler
+    is there) for the journal and the import probe, unless STARTTRACE_PURE_PYTHON is on (the
+    switch's values); without it, the Python code writes the same records."""
+    value = (environ.get(ENV_PURE_PYTHON) or "").strip().lower()
+    if value in ON_VALUES:
+        return
+    if value not in OFF_VALUES:
+        recorder.report(f"ignoring {ENV_PURE_PYTHON}={value!r}: use 1/true/on/yes or 0/false/off/no")
+    try:
+        from starttrace import _hotpath  # type: ignore[attr-defined]
+    except ImportError:
+        return
+    journal.hotpath = _hotpath
 
 
 def _load_atexit() -> None:

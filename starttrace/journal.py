@@ -255,16 +255,6 @@ def _load_mmap():  # type: ignore[no-untyped-def]
 _mmap = None
 
 
-def _load_hotpath():  # type: ignore[no-untyped-def]
-    """The C core of the hot path (starttrace/_hotpath.c, built at install when a C compiler is
-    there), or None: not built, or STARTTRACE_PURE_PYTHON=1 (the Python code, same records)."""
-    if os.environ.get("STARTTRACE_PURE_PYTHON", "").strip() not in ("", "0"):
-        return None
-    try:
-        from starttrace import _hotpath  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _hotpath
-
-
-hotpath = _load_hotpath()
+# The C core of the hot path (starttrace/_hotpath.c) once boot chose it at activation
+# (`boot._load_hotpath`); None: the Python code writes the same records (mmap.write).
+hotpath = None
