@@ -4,24 +4,30 @@ One writer thread owns the write connection and drains a bounded ingest queue (O
 journal updates both go through it); readers use one connection per thread (WAL lets them read
 while the writer writes). Every SQL statement takes its values as parameters.
 
-A span is unique by (trace_id, span_id); rows are appended in arrival order: the same span
-arriving twice (twice the same OTLP batch, or through the journal and through an exporter) is
-stored once. A span still in progress is replaced when it arrives again, ended; an ended span is
-never replaced by an in-progress copy of itself. The writer knows each trace's stored span ids in
-memory (`_SpanKeys`, read back through the `spans_trace` index when a trace is first touched), so
-no unique index is kept: a unique index over random span ids made every transaction rewrite pages
-all over it (WAL bytes and CPU grew with the size of the table; docs/benchmarks.md).
+Spans are stored packed: one row per (lane, trace) of each ingest batch (`span_batches`), its
+spans one `marshal` blob of tuples (`BATCH_FIELDS`, marshal format version `MARSHAL_VERSION`), in
+arrival order. A row per span made SQLite's insert the bound of ingest (docs/benchmarks.md); one
+row per batch leaves it a blob write.
 
-Schema version (`PRAGMA user_version`): 3. A version-2 file (the unique `spans_key` index) is
-upgraded in place when opened (the index dropped, `spans_trace` built); an older file (spans
-without `lane`) is refused with `SchemaError`.
+A span is unique by (trace_id, span_id): the same span arriving twice (twice the same OTLP batch,
+or through the journal and through an exporter) is one span of the run. A span still in progress
+is replaced when it arrives again; an ended span is replaced only by an ended copy that differs
+(end or attributes), and never by an in-progress copy of itself. The writer knows each trace's
+stored span ids in memory (`_SpanKeys`, read back from the trace's batches when a trace is first
+touched after a start), counts only new spans (`span_batches.spans`: a run's span count is their
+sum) and drops a copy that could never win; the reader applies the rule (`_merge_copy`) as it
+reads the batches in arrival order, keeping each span at its first position.
+
+Schema version (`PRAGMA user_version`): 4. A version-3 or version-2 file (one row per span in
+`spans`) is upgraded in place when opened (its rows packed into batches, `spans` dropped); an
+older file (spans without `lane`) is refused with `SchemaError`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
+import marshal
 import operator
 import queue
 import sqlite3
@@ -81,23 +87,15 @@ CREATE TABLE IF NOT EXISTS lanes (
     source TEXT NOT NULL,
     UNIQUE (run_id, lane_id, source)
 );
-CREATE TABLE IF NOT EXISTS spans (
-    seq INTEGER PRIMARY KEY,
-    span_id TEXT NOT NULL,
+CREATE TABLE IF NOT EXISTS span_batches (
+    seq INTEGER PRIMARY KEY,  -- arrival order
+    lane INTEGER NOT NULL,  -- lanes.id: (run_id, lane_id, source) of the process that sent them
     trace INTEGER NOT NULL,  -- traces.id
-    lane INTEGER NOT NULL,  -- lanes.id: (run_id, lane_id, source) of the process that stored it
-    parent_id TEXT,
-    name TEXT NOT NULL,
-    start_ns INTEGER NOT NULL,
-    end_ns INTEGER,
-    in_progress INTEGER NOT NULL,
-    instant INTEGER NOT NULL,
-    attrs BLOB,
-    error TEXT,
-    thread INTEGER
+    spans INTEGER NOT NULL,  -- how many of them were not stored before (a run's span count: the sum)
+    body BLOB NOT NULL  -- marshal.dumps(list of BATCH_FIELDS tuples)
 );
-CREATE INDEX IF NOT EXISTS spans_trace ON spans(trace);
-CREATE INDEX IF NOT EXISTS spans_lane ON spans(lane);
+CREATE INDEX IF NOT EXISTS span_batches_lane ON span_batches(lane);
+CREATE INDEX IF NOT EXISTS span_batches_trace ON span_batches(trace);
 CREATE TABLE IF NOT EXISTS problems (
     run_id TEXT NOT NULL,
     message TEXT NOT NULL,
@@ -131,22 +129,6 @@ def lazy_attrs(value: str | bytes | None) -> dict[str, Any]:
     return LazyAttrs(value if isinstance(value, bytes) else bytes(value), span_attrs)
 
 
-@dataclass
-class RunRows:
-    """Everything stored about one run, as read back for analysis."""
-
-    run_id: str
-    trace_id: str | None
-    service: str | None
-    source: str | None
-    version: int
-    updated_at: float
-    meta: dict[str, Any]
-    problems: list[str]
-    processes: list[dict[str, Any]]
-    spans: list[tuple[Any, ...]]  # SPAN_COLUMNS order
-
-
 SPAN_COLUMNS = (
     "trace_id",
     "span_id",
@@ -161,50 +143,82 @@ SPAN_COLUMNS = (
     "error",
     "thread",
 )
+# one span in a stored batch: SpanTuple without its trace id (the batch row has it)
+BATCH_FIELDS = SPAN_COLUMNS[1:2] + SPAN_COLUMNS[3:]
+BatchSpan = tuple[Any, ...]
+MARSHAL_VERSION = 4  # read by every Python since 3.4; written explicitly so a newer default changes nothing
 
 
-# seq (assigned by the writer, see `_SpanKeys`), the columns in SpanTuple order without trace_id,
-# then the traces.id of the trace id and the lanes.id of the process's (run_id, lane_id, source):
-# 13 bound values per row
-_SPAN_INSERT_HEAD = (
-    "INSERT INTO spans(seq, span_id, parent_id, name, start_ns, end_ns,"
-    " in_progress, instant, attrs, error, thread, trace, lane) VALUES "
-)
-_SPAN_PARAMS = 13
-_ROW_PLACEHOLDERS = "(" + ",".join("?" * _SPAN_PARAMS) + ")"
-# a span stored already, arriving again: the rule of the module text (the new copy wins unless the
-# stored one has ended and the new one has not, or nothing changed)
-SPAN_UPDATE = (
-    "UPDATE spans SET end_ns = :end, in_progress = :open, attrs = :attrs, error = :error, name = :name,"
-    " parent_id = :parent WHERE seq = :seq AND (in_progress = 1 OR"
-    " (:open = 0 AND (attrs IS NOT :attrs OR end_ns IS NOT :end)))"
-)
-# Rows per multi-row insert statement: one statement binds a chunk of rows, then SQLite inserts them
-# all in one step with the GIL released (executemany re-takes the GIL for every row, so the writer
-# would stall behind the request handlers' decoding).
-SPAN_CHUNK_ROWS = 1024
-SCHEMA_VERSION = 3
+@dataclass
+class RunRows:
+    """Everything stored about one run, as read back for analysis."""
+
+    run_id: str
+    trace_id: str | None
+    service: str | None
+    source: str | None
+    version: int
+    updated_at: float
+    meta: dict[str, Any]
+    problems: list[str]
+    processes: list[dict[str, Any]]
+    # lane id -> its spans as (trace id, BATCH_FIELDS tuples) chunks in arrival order, each span once
+    lanes: dict[str, list[tuple[str, list[BatchSpan]]]]
+    unreadable: int = 0  # stored batches that could not be decoded (reported as a problem of the run)
+
+    @property
+    def spans(self) -> list[tuple[Any, ...]]:
+        """Every span as one SPAN_COLUMNS row (tests and tools; the run type reads `lanes`)."""
+        return [
+            (trace_id, s[0], lane_id, *s[1:])
+            for lane_id, chunks in self.lanes.items()
+            for trace_id, spans in chunks
+            for s in spans
+        ]
+
+
+SCHEMA_VERSION = 4
 # span ids the writer keeps in memory (`_SpanKeys`); past this, the least recently written traces
 # are forgotten (and read back from the store if they are written again)
 MAX_KEPT_KEYS = 2_000_000  # ~100 bytes each: ~200 MB at most (the model cache holds up to 2M spans too)
+# spans per packed row when a version-3 file is upgraded
+UPGRADE_BATCH_SPANS = 4096
 
-
-# SPAN_COLUMNS of one lane's spans, in arrival order (through the lane index: no sort; the run
-# type sorts each process's spans by start)
-_LANE_SPANS = (
-    "SELECT t.trace_id, s.span_id, ?, s.parent_id, s.name, s.start_ns, s.end_ns, s.in_progress,"
-    " s.instant, s.attrs, s.error, s.thread FROM spans s JOIN traces t ON t.id = s.trace WHERE s.lane = ?"
-)
 _RUN_LANES = "SELECT id FROM lanes WHERE run_id = ?"
 _RUN_LANE_IDS = "SELECT id, lane_id FROM lanes WHERE run_id = ?"
+_RUN_BATCHES = (
+    "SELECT b.lane, t.trace_id, b.trace, b.body FROM span_batches b JOIN traces t ON t.id = b.trace"
+    " WHERE b.lane IN (SELECT id FROM lanes WHERE run_id = ?) ORDER BY b.seq"
+)
+_BATCH_INSERT = "INSERT INTO span_batches(lane, trace, spans, body) VALUES (?, ?, ?, ?)"
 
 
 class SchemaError(RuntimeError):
     """The database file was written by an older, incompatible version of the store."""
 
 
-def _span_insert_sql(rows: int) -> str:
-    return _SPAN_INSERT_HEAD + ",".join([_ROW_PLACEHOLDERS] * rows)
+def pack_spans(spans: list[BatchSpan]) -> bytes:
+    return marshal.dumps(spans, MARSHAL_VERSION)
+
+
+def unpack_spans(body: bytes) -> list[BatchSpan]:
+    """A stored batch's spans; ValueError when the blob is not one this store wrote."""
+    try:
+        spans = marshal.loads(body)
+    except (EOFError, TypeError, ValueError) as exc:
+        raise ValueError(f"unreadable span batch: {exc}") from None
+    if type(spans) is not list or (spans and (type(spans[0]) is not tuple or len(spans[0]) != len(BATCH_FIELDS))):
+        raise ValueError("unreadable span batch: not a list of span tuples")
+    return spans
+
+
+def _merge_copy(old: BatchSpan, new: BatchSpan) -> BatchSpan | None:
+    """A span stored already, arriving again (BATCH_FIELDS tuples): the span it becomes, or None when
+    the stored copy stands. The new copy wins if the stored one is in progress, or if both have
+    ended and they differ in end or attributes; start, `instant` and thread stay the first copy's."""
+    if old[5] or (not new[5] and (old[7] != new[7] or old[4] != new[4])):
+        return (old[0], new[1], new[2], old[3], new[4], new[5], old[6], new[7], new[8], old[9])
+    return None
 
 
 # WAL checkpoints (see Store.__init__): after this many seconds without ingest, or this many spans
@@ -213,26 +227,30 @@ CHECKPOINT_SPANS = 250_000
 
 
 class _SpanKeys:
-    """The writer's map of stored spans: per trace (traces.id), span id -> seq. A trace not in
-    memory is read back through the `spans_trace` index on first use; the least recently written
-    traces are forgotten past MAX_KEPT_KEYS ids."""
+    """The writer's map of stored spans: per trace (traces.id), span id -> 1 while the span's stored
+    copy is in progress, 0 once it has ended. A trace not in memory is read back from its batches
+    on first use; the least recently written traces are forgotten past MAX_KEPT_KEYS ids."""
 
     def __init__(self) -> None:
         self._by_trace: dict[int, dict[str, int]] = {}  # insertion order: least recently written first
         self._count = 0
-        self.next_seq = 1
 
-    def reset(self, conn: sqlite3.Connection) -> None:
-        """Forget everything (after a rollback, a delete); the next seq from the table."""
+    def reset(self) -> None:
+        """Forget everything (after a rollback, a delete)."""
         self._by_trace.clear()
         self._count = 0
-        row = conn.execute("SELECT MAX(seq) FROM spans").fetchone()
-        self.next_seq = int(row[0] or 0) + 1
 
     def of(self, conn: sqlite3.Connection, trace: int) -> dict[str, int]:
         keys = self._by_trace.pop(trace, None)
         if keys is None:
-            keys = dict(conn.execute("SELECT span_id, seq FROM spans WHERE trace = ?", (trace,)))
+            keys = {}
+            for (body,) in conn.execute("SELECT body FROM span_batches WHERE trace = ? ORDER BY seq", (trace,)):
+                try:
+                    spans = unpack_spans(body)
+                except ValueError:
+                    continue  # the reader reports it
+                for sp in spans:
+                    keys[sp[0]] = sp[5] if keys.get(sp[0], 1) else 0
             self._count += len(keys)
         self._by_trace[trace] = keys  # now the most recently written
         return keys
@@ -244,6 +262,46 @@ class _SpanKeys:
 
     def added(self, n: int) -> None:
         self._count += n
+
+
+def span_cols_of(conn: sqlite3.Connection) -> set[str]:
+    """The columns of a version-2/3 `spans` table (one row per span); empty when there is none."""
+    return {r[1] for r in conn.execute("PRAGMA table_info(spans)")}
+
+
+def upgrade_span_rows(conn: sqlite3.Connection) -> int:
+    """Pack a version-2/3 file's span rows into batches (per lane and trace, in their arrival order,
+    UPGRADE_BATCH_SPANS spans each; those files stored every span once), then drop `spans`. One
+    transaction: an interrupted upgrade leaves the old file as it was. Returns the spans moved."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        chunks: dict[tuple[int, int], list[BatchSpan]] = {}
+        moved = 0
+
+        def flush(key: tuple[int, int]) -> None:
+            spans = chunks.pop(key)
+            conn.execute(_BATCH_INSERT, (key[0], key[1], len(spans), pack_spans(spans)))
+
+        rows = conn.execute(
+            "SELECT lane, trace, span_id, parent_id, name, start_ns, end_ns, in_progress, instant, attrs, error,"
+            " thread FROM spans ORDER BY seq"
+        )
+        for row in rows.fetchall():
+            key = (int(row[0]), int(row[1]))
+            chunk = chunks.setdefault(key, [])
+            attrs = row[9]
+            chunk.append((*row[2:9], bytes(attrs) if isinstance(attrs, memoryview) else attrs, *row[10:]))
+            moved += 1
+            if len(chunk) >= UPGRADE_BATCH_SPANS:
+                flush(key)
+        for key in list(chunks):
+            flush(key)
+        conn.execute("DROP TABLE spans")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return moved
 
 
 class StoreSaturated(Exception):
@@ -277,26 +335,23 @@ class Store:
         if self.path != ":memory:" and Path(self.path).exists():
             # check before _connect() switches the file to WAL: a refused file stays untouched
             with contextlib.closing(sqlite3.connect(self.path)) as probe:
-                span_cols = {r[1] for r in probe.execute("PRAGMA table_info(spans)")}
+                span_cols = span_cols_of(probe)
             if span_cols and "lane" not in span_cols:
                 raise SchemaError(
                     f"{self.path}: database written by an older starttrace service (spans table without"
                     " lanes); it is not migrated: delete the file or choose another --db"
                 )
         self._writer_conn = self._connect()
-        # schema 2 -> 3: the same tables; the unique span index gives way to `spans_trace`
-        self._writer_conn.execute("DROP INDEX IF EXISTS spans_key")
         self._writer_conn.executescript(SCHEMA)
+        if span_cols_of(self._writer_conn):
+            upgrade_span_rows(self._writer_conn)  # schema 2 or 3: one row per span
         self._writer_conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._span_keys = _SpanKeys()
-        self._span_keys.reset(self._writer_conn)
         # The writer checkpoints the WAL itself: when ingest goes idle, else every
         # CHECKPOINT_SPANS spans (SQLite's automatic checkpoint would copy pages to the database
         # file, and fsync it, in the middle of a burst, on the writer's critical path).
         self._writer_conn.execute("PRAGMA wal_autocheckpoint=0")
         self._unchecked_spans = 0
-        max_vars = self._writer_conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-        self._chunk_rows = max(1, min(SPAN_CHUNK_ROWS, max_vars // _SPAN_PARAMS))
         for trace_id, run_id in self._writer_conn.execute("SELECT trace_id, run_id FROM runs"):
             if trace_id:
                 self._trace_runs.setdefault(trace_id, run_id)
@@ -443,7 +498,7 @@ class Store:
                 "SELECT id, lane_id, source FROM lanes WHERE run_id = ?", (known,)
             ).fetchall():
                 new_id = self._lane_ref(conn, run_id, lane_id, source)
-                conn.execute("UPDATE spans SET lane = ? WHERE lane = ?", (new_id, old_id))
+                conn.execute("UPDATE span_batches SET lane = ? WHERE lane = ?", (new_id, old_id))
             conn.execute("DELETE FROM lanes WHERE run_id = ?", (known,))
             conn.execute("UPDATE OR IGNORE processes SET run_id = ? WHERE run_id = ?", (run_id, known))
             conn.execute("DELETE FROM processes WHERE run_id = ?", (known,))
@@ -457,8 +512,7 @@ class Store:
         now = time.time()
         stored: dict[str, int] = {}
         touched: dict[str, list[Any]] = {}  # run_id -> [trace_id, service, source, first, last]
-        pending: list[tuple[Any, ...]] = []  # new spans: rows in SPAN_INSERT order
-        again: list[dict[str, Any]] = []  # spans stored already: SPAN_UPDATE parameters
+        pending: list[tuple[int, int, int, bytes]] = []  # span_batches rows: lane, trace, new spans, body
         with self.write_lock:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -481,11 +535,9 @@ class Store:
                         )
                         touched.setdefault(meta.run_id, [meta.trace_id, meta.service, "journal", None, None])
                     for proc in batch.processes:
-                        self._write_process(conn, proc, touched, stored, pending, again)
+                        self._write_process(conn, proc, touched, stored, pending)
                 if pending:
-                    self._insert_spans(conn, pending)
-                if again:  # after the inserts: a span that came twice in this transaction exists by now
-                    conn.executemany(SPAN_UPDATE, again)
+                    conn.executemany(_BATCH_INSERT, pending)
                 self._span_keys.trim()
                 for run_id, (trace_id, service, source, first, last) in touched.items():
                     conn.execute(
@@ -508,7 +560,7 @@ class Store:
                 self._lane_ids.clear()  # ids created by the rolled-back transaction
                 self._iid_owners.clear()
                 self._trace_ids.clear()
-                self._span_keys.reset(conn)
+                self._span_keys.reset()
                 raise
             finally:
                 with self._queued_lock:
@@ -523,18 +575,6 @@ class Store:
                 self.on_stored(source, n)
         if self.on_runs_written is not None and touched:
             self.on_runs_written(list(touched))
-
-    def _insert_spans(self, conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-        n = self._chunk_rows
-        chain = itertools.chain.from_iterable
-        full = len(rows) - len(rows) % n
-        if full:
-            sql = _span_insert_sql(n)
-            for i in range(0, full, n):
-                conn.execute(sql, list(chain(rows[i : i + n])))
-        if full < len(rows):
-            rest = rows[full:]
-            conn.execute(_span_insert_sql(len(rest)), list(chain(rest)))
 
     def _lane_ref(self, conn: sqlite3.Connection, run_id: str, lane_id: str, source: str) -> int:
         """lanes.id of (run_id, lane_id, source), created if new (inside the writer's transaction)."""
@@ -599,8 +639,7 @@ class Store:
         proc: ProcessBatch,
         touched: dict[str, list[Any]],
         stored: dict[str, int],
-        pending: list[tuple[Any, ...]],
-        again: list[dict[str, Any]],
+        pending: list[tuple[int, int, int, bytes]],
     ) -> None:
         # Long by design: one process's rows inside the writer's transaction; the long part is one SQL upsert statement
         # and its parameters.
@@ -666,7 +705,7 @@ class Store:
                 for trace_id in dict.fromkeys([s[0] for s in spans]):  # distinct, in order
                     if trace_id not in traces:
                         self._trace_ref(conn, trace_id)
-                self._span_rows(conn, spans, lane_ref, pending, again)
+                self._span_batches(conn, spans, lane_ref, pending)
                 first = min(s[4] for s in spans)
                 last = max(s[5] if s[5] is not None else s[4] for s in spans)
             else:
@@ -683,21 +722,22 @@ class Store:
                     t[4] = last if t[4] is None else max(t[4], last)
             stored[proc.source] = stored.get(proc.source, 0) + len(spans)
 
-    def _span_rows(
+    def _span_batches(
         self,
         conn: sqlite3.Connection,
         spans: list[SpanTuple],
         lane_ref: int,
-        pending: list[tuple[Any, ...]],
-        again: list[dict[str, Any]],
+        pending: list[tuple[int, int, int, bytes]],
     ) -> None:
-        """New spans as insert rows (with their seq); spans stored already (or earlier in this
-        transaction) as update parameters, in arrival order."""
+        """One process's spans as packed rows, one per trace (in arrival order); a span stored
+        already goes in again for the reader's rule (`_merge_copy`), unless it is an in-progress
+        copy of a span that has ended (that copy never wins), and is not counted again."""
         traces, span_keys = self._trace_ids, self._span_keys
+        by_trace: dict[int, list[BatchSpan]] = {}
+        new: dict[int, int] = {}
         last_tid: str | None = None
-        ref, keys = -1, {}
-        seq = first_seq = span_keys.next_seq
-        append = pending.append
+        ref, keys, out = -1, {}, []
+        added = 0
         for s in spans:
             tid = s[0]
             if tid is not last_tid:  # the spans of a batch mostly share one trace id (one str object)
@@ -705,18 +745,22 @@ class Store:
                 trace = traces[tid]
                 if trace != ref:
                     ref, keys = trace, span_keys.of(conn, trace)
-            sid = s[1]
+                    out = by_trace.setdefault(ref, [])
+            sid, is_open = s[1], s[6]
             old = keys.get(sid)
             if old is None:
-                keys[sid] = seq
-                append((seq, *s[1:], ref, lane_ref))
-                seq += 1
-            else:
-                again.append(
-                    {"seq": old, "end": s[5], "open": s[6], "attrs": s[8], "error": s[9], "name": s[3], "parent": s[2]}
-                )
-        span_keys.next_seq = seq
-        span_keys.added(seq - first_seq)
+                keys[sid] = is_open
+                new[ref] = new.get(ref, 0) + 1
+                added += 1
+            elif old:
+                keys[sid] = is_open
+            elif is_open:
+                continue  # an in-progress copy of an ended span
+            out.append(s[1:])
+        for trace, batch in by_trace.items():
+            if batch:
+                pending.append((lane_ref, trace, new.get(trace, 0), pack_spans(batch)))
+        span_keys.added(added)
 
     # reads ---------------------------------------------------------------------------------
     def run_version(self, run_id: str) -> int | None:
@@ -741,7 +785,8 @@ class Store:
         sql = (
             "SELECT r.run_id, r.trace_id, r.service, r.source, r.first_ns, r.last_ns, r.updated_at, r.version,"
             " (SELECT COUNT(*) FROM processes p WHERE p.run_id = r.run_id),"
-            " (SELECT COUNT(*) FROM lanes l JOIN spans s ON s.lane = l.id WHERE l.run_id = r.run_id)"
+            " (SELECT COALESCE(SUM(b.spans), 0) FROM lanes l JOIN span_batches b ON b.lane = l.id"
+            "  WHERE l.run_id = r.run_id)"
             " FROM runs r WHERE 1 = 1"
         )
         params: list[Any] = []
@@ -805,15 +850,17 @@ class Store:
             names = [c.strip() for c in cols.split(",")]
             rows = conn.execute(f"SELECT {cols} FROM processes WHERE run_id = ?", (run_id,))
             procs = [dict(zip(names, r, strict=True)) for r in rows]
-            spans: list[tuple[Any, ...]] = []
-            for lane_ref, lane_id in conn.execute(_RUN_LANE_IDS, (run_id,)).fetchall():
-                spans.extend(conn.execute(_LANE_SPANS, (lane_id, lane_ref)))
+            lane_names = dict(conn.execute(_RUN_LANE_IDS, (run_id,)).fetchall())
+            batches = conn.execute(_RUN_BATCHES, (run_id,)).fetchall()
             problems = [str(r[0]) for r in conn.execute("SELECT message FROM problems WHERE run_id = ?", (run_id,))]
         finally:
             conn.execute("COMMIT")
         for p in procs:
             for key in ("resource", "warnings", "preloaded"):
                 p[key] = json.loads(p[key]) if p[key] else ({} if key == "resource" else [])
+        lanes, unreadable = _lane_spans(batches, lane_names)
+        if unreadable:
+            problems.append(f"{unreadable} stored span batch(es) could not be read and were left out ({self.path})")
         return RunRows(
             run_id=row[0],
             trace_id=row[1],
@@ -824,7 +871,8 @@ class Store:
             meta=json.loads(row[6]) if row[6] else {},
             problems=problems,
             processes=procs,
-            spans=spans,
+            lanes=lanes,
+            unreadable=unreadable,
         )
 
     def save_view(self, run_id: str, kind: str, version: int, body: bytes) -> bool:
@@ -857,14 +905,14 @@ class Store:
 
     def count_spans(self, run_id: str | None = None) -> int:
         if run_id is None:
-            row = self._reader().execute("SELECT COUNT(*) FROM spans").fetchone()
+            row = self._reader().execute("SELECT SUM(spans) FROM span_batches").fetchone()
         else:
             row = (
                 self._reader()
-                .execute(f"SELECT COUNT(*) FROM spans WHERE lane IN ({_RUN_LANES})", (run_id,))
+                .execute(f"SELECT SUM(spans) FROM span_batches WHERE lane IN ({_RUN_LANES})", (run_id,))
                 .fetchone()
             )
-        return int(row[0])
+        return int(row[0] or 0)
 
     def delete_runs(self, run_ids: Iterable[str]) -> int:
         ids = list(run_ids)
@@ -875,7 +923,7 @@ class Store:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 for rid in ids:
-                    conn.execute(f"DELETE FROM spans WHERE lane IN ({_RUN_LANES})", (rid,))
+                    conn.execute(f"DELETE FROM span_batches WHERE lane IN ({_RUN_LANES})", (rid,))
                     conn.execute("DELETE FROM lanes WHERE run_id = ?", (rid,))
                     conn.execute("DELETE FROM processes WHERE run_id = ?", (rid,))
                     conn.execute("DELETE FROM problems WHERE run_id = ?", (rid,))
@@ -888,7 +936,7 @@ class Store:
             finally:
                 self._lane_ids.clear()
                 self._iid_owners.clear()
-                self._span_keys.reset(conn)
+                self._span_keys.reset()
         self._unchecked_spans += len(ids)
         for rid in ids:
             self._versions.pop(rid, None)
@@ -910,33 +958,66 @@ class Store:
         return ids
 
 
+def _lane_spans(
+    batches: list[tuple[Any, ...]], lane_names: dict[int, str]
+) -> tuple[dict[str, list[tuple[str, list[BatchSpan]]]], int]:
+    """The run's batches (lanes.id, trace id, traces.id, body; in arrival order) as each lane's
+    chunks, every span once: a later copy of a span is merged into the first one, where it stands
+    (`_merge_copy`). Returns the lanes and how many batches could not be read."""
+    lanes: dict[str, list[tuple[str, list[BatchSpan]]]] = {}
+    seen: dict[int, dict[str, tuple[list[BatchSpan], int]]] = {}
+    unreadable = 0
+    for lane_ref, trace_id, trace_ref, body in batches:
+        try:
+            spans = unpack_spans(body)
+        except ValueError:
+            unreadable += 1
+            continue
+        keys = seen.get(trace_ref)
+        if keys is None:
+            keys = seen[trace_ref] = {}
+        out: list[BatchSpan] = []
+        for sp in spans:
+            first = keys.get(sp[0])
+            if first is None:
+                keys[sp[0]] = (out, len(out))
+                out.append(sp)
+            else:
+                chunk, i = first
+                merged = _merge_copy(chunk[i], sp)
+                if merged is not None:
+                    chunk[i] = merged
+        lanes.setdefault(lane_names.get(lane_ref, f"lane:{lane_ref}"), []).append((trace_id, out))
+    return lanes, unreadable
+
+
 def run_from_rows(rows: RunRows) -> Run:
     """Stored rows as the run type. The run's root spans (`startup` spans whose parent is not in
     the run) are kept apart, as the journal reader does; a `starttrace.launched_by` attribute is
     also a link."""
     by_lane: dict[str, list[Span]] = {}
     marker, text_marker = b"starttrace.launched_by", '"starttrace.launched_by"'
-    lane_id: Any = None
-    spans: list[Span] = []
-    for r in rows.spans:
-        if r[2] != lane_id:  # rows come lane by lane
-            lane_id = r[2]
-            spans = by_lane.setdefault(lane_id, [])
-        raw = r[9]
-        if type(raw) is bytes and raw:
-            attrs: dict[str, Any] = LazyAttrs(raw, span_attrs)
-        else:
-            attrs = lazy_attrs(raw)
-        in_progress = bool(r[7])
-        span = Span(
-            r[1], r[3], r[4], r[5], None if (in_progress and r[6] is None) else r[6], attrs, r[10], r[11], bool(r[8]),
-            in_progress,
-        )  # fmt: skip
-        if raw and (marker in raw if isinstance(raw, bytes) else text_marker in raw):  # no lookup for most spans
-            launched_by = attrs.get("starttrace.launched_by")
-            if isinstance(launched_by, str) and launched_by:
-                span.links.append(Link(launched_by, attrs={"starttrace.link": "launched_by"}))
-        spans.append(span)
+    for lane_id, chunks in rows.lanes.items():
+        spans = by_lane[lane_id] = []
+        append = spans.append
+        for _trace_id, batch in chunks:
+            for r in batch:  # BATCH_FIELDS
+                raw = r[7]
+                if type(raw) is bytes and raw:
+                    attrs: dict[str, Any] = LazyAttrs(raw, span_attrs)
+                else:
+                    attrs = lazy_attrs(raw)
+                in_progress = bool(r[5])
+                span = Span(
+                    r[0], r[1], r[2], r[3], None if (in_progress and r[4] is None) else r[4], attrs, r[8], r[9],
+                    bool(r[6]), in_progress,
+                )  # fmt: skip
+                # no attribute lookup for most spans
+                if raw and (marker in raw if isinstance(raw, bytes) else text_marker in raw):
+                    launched_by = attrs.get("starttrace.launched_by")
+                    if isinstance(launched_by, str) and launched_by:
+                        span.links.append(Link(launched_by, attrs={"starttrace.link": "launched_by"}))
+                append(span)
     ids = {s.span_id for spans in by_lane.values() for s in spans}
     processes: list[Process] = []
     root_spans: list[Span] = []

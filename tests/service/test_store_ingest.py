@@ -1,15 +1,15 @@
-"""Fast ingest paths: protobuf spans stored as received (attributes decoded lazily), chunked multi-row upserts."""
+"""Fast ingest paths: protobuf spans stored as received (attributes decoded lazily), packed one row per batch."""
 
 from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import time
 from pathlib import Path
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from starttrace.sources import store as store_mod
 from starttrace.sources.otlp import decode
 from starttrace.sources.store import IngestBatch, ProcessBatch, SpanTuple, Store, decode_attrs
 
@@ -26,8 +26,13 @@ def _batch(spans: list[SpanTuple]) -> IngestBatch:
     return IngestBatch(processes=[ProcessBatch(source="otlp", resource=res, spans=spans)])
 
 
-def test_chunked_upsert_dedupes_and_replaces_in_progress(tmp_path: Path) -> None:
-    n = store_mod.SPAN_CHUNK_ROWS * 2 + 7  # several full chunks and a partial one
+def _packed_rows(db: Path) -> list[tuple[int, int]]:
+    with sqlite3.connect(db) as conn:
+        return [(int(r[0]), int(r[1])) for r in conn.execute("SELECT spans, length(body) FROM span_batches")]
+
+
+def test_packed_batches_dedupe_and_replace_in_progress(tmp_path: Path) -> None:
+    n = 2055
     db = tmp_path / "s.db"
     st = Store(db)
     first = [_span(i, 5000 + i, in_progress=i % 3 == 0) for i in range(n)]
@@ -36,8 +41,12 @@ def test_chunked_upsert_dedupes_and_replaces_in_progress(tmp_path: Path) -> None
     ended = [_span(i, 9000 + i) for i in range(0, n, 3)]
     st._write_batches([_batch(first), _batch(list(reversed(first))), _batch(ended), _batch([_span(1, 7, True)])])
     assert st.count_spans("r") == n
-    rows = {r[1]: r for r in st.load_rows("r").spans}  # type: ignore[union-attr]
-    assert len(rows) == n
+    # one row per batch (the last one held only an in-progress copy of an ended span: nothing kept);
+    # only the first counts its spans as new
+    assert [r[0] for r in _packed_rows(db)] == [n, 0, 0]
+    listed = st.load_rows("r").spans  # type: ignore[union-attr]
+    assert [r[1] for r in listed] == [f"{i:016x}" for i in range(n)]  # each span once, at its first place
+    rows = {r[1]: r for r in listed}
     for i in range(n):
         row = rows[f"{i:016x}"]
         if i % 3 == 0:
@@ -49,7 +58,25 @@ def test_chunked_upsert_dedupes_and_replaces_in_progress(tmp_path: Path) -> None
     st2 = Store(db)
     st2.ingest_now(_batch(first[:50] + ended[:10]))
     assert st2.count_spans("r") == n
+    assert st2.load_rows("r").spans == listed  # type: ignore[union-attr]
     st2.close()
+
+
+def test_unreadable_batch_is_reported_and_the_rest_kept(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    st = Store(db)
+    st.ingest_now(_batch([_span(i, 5000) for i in range(5)]))
+    st.ingest_now(_batch([_span(i, 5000) for i in range(5, 8)]))
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE span_batches SET body = x'0badf00d' WHERE seq = (SELECT MIN(seq) FROM span_batches)")
+    rows = st.load_rows("r")
+    assert rows is not None and rows.unreadable == 1
+    assert [r[1] for r in rows.spans] == [f"{i:016x}" for i in range(5, 8)]
+    assert any("could not be read" in p for p in rows.problems)
+    run = st.load_run("r")
+    assert run is not None and any("could not be read" in p for p in run.problems)
+    st.ingest_now(_batch([_span(9, 5000)]))  # the writer goes on
+    st.close()
 
 
 def test_decode_attrs_match_dict_json() -> None:
