@@ -6,7 +6,7 @@
 The same 16 ranks x 6000 spans (96,112 spans in 195 protobuf requests of 512 spans, 4 client
 threads) as `bench_service.py`, through its `Server` and `ingest`, and nothing else: a quicker
 A/B of an ingest change than the whole service benchmark. The CPU column is the service process
-only (not any child process of it).
+only (not a decoder worker process it may have).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def main() -> int:
         for tree in args.trees:
             tmp = Path(tempfile.mkdtemp(prefix="st-ingest-ab-"))
             server = bench_service.Server(tree.resolve(), tmp / "ingest.db")
-            time.sleep(1.0)  # the service's own start out of the way
+            time.sleep(1.0)  # the service's own start (and a decoder worker's) out of the way
             try:
                 r = bench_service.ingest(server, bodies, run.span_count, 4)
             finally:

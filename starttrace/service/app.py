@@ -27,6 +27,7 @@ from fastapi.staticfiles import StaticFiles
 from starttrace.analysis.compare import compare
 from starttrace.analysis.detail import DEFAULT_IMPORT_BUDGET
 from starttrace.analysis.model import RunModel
+from starttrace.service.decoder import Decoder
 from starttrace.service.model_cache import ModelCache
 from starttrace.service.otlp_receiver import DEFAULT_MAX_BODY, handle_traces
 from starttrace.sources.journal_watcher import JournalWatcher
@@ -72,6 +73,7 @@ class Settings:
     live_model_ttl_s: float = 1.0
     prebuild_idle_s: float | None = 0.3  # build a run's model this long after its last ingest; None: on request only
     start_background: bool = True
+    decode_workers: int = 1  # processes decoding OTLP bodies (service/decoder.py); 0: in the service itself
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -199,6 +201,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     db = settings.db if settings.db is not None else default_db_path()
     store = Store(db, queue_max_spans=settings.queue_max_spans, on_stored=counters.add_ingested)
     cache = ModelCache(store, settings.live_model_ttl_s, settings.prebuild_idle_s)
+    decoder = Decoder(settings.decode_workers)
     store.on_runs_written = cache.note_written
     watcher = (
         JournalWatcher(Path(settings.journal_dir), store, settings.poll_s, settings.retention_s)
@@ -217,6 +220,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if settings.start_background:
+            decoder.start()
             store.start()
             cache.start()
             if settings.retention_s is not None:
@@ -232,6 +236,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 watcher.stop()
             store.stop()
             cache.stop()
+            decoder.stop()
 
     app = FastAPI(
         title="starttrace",
@@ -243,6 +248,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.cache = cache
     app.state.counters = counters
     app.state.watcher = watcher
+    app.state.decoder = decoder
     app.state.settings = settings
     app.mount("/static", StaticFiles(directory=str(html.STATIC)), name="static")
 
@@ -258,6 +264,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "models_pending": cache.pending,
             "model_errors": cache.errors[-5:],
             "journal_errors": watcher.errors[-5:] if watcher else [],
+            "decoder_errors": decoder.errors[-5:],
         }
 
     @app.post(
@@ -273,7 +280,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def traces(request: Request) -> Response:
         """OTLP/HTTP trace export (application/x-protobuf or application/json, optionally gzip)."""
         return await handle_traces(
-            request, store, settings.max_body_bytes, counters.add_request, settings.retry_after_s
+            request, store, settings.max_body_bytes, counters.add_request, settings.retry_after_s, decoder
         )
 
     @app.get("/v1/clock")

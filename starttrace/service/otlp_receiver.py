@@ -6,7 +6,8 @@
 - Undecodable data: 400 with a `google.rpc.Status` body in the request's encoding.
 - Other content types: 415. Store saturated (bounded ingest queue): 429 with `Retry-After`.
 - Spans with bad ids are rejected one by one: 200 with `partial_success`.
-- Decoding lives in `starttrace.sources.otlp`; this module is the HTTP side.
+- Decoding lives in `starttrace.sources.otlp` (run in a worker process by `service.decoder`);
+  this module is the HTTP side.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ import json
 import zlib
 from collections.abc import AsyncIterator, Callable
 
-import anyio.to_thread
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from starttrace.sources.otlp import JSON, PROTOBUF, BadRequest, parse_and_decode
+from starttrace.service.decoder import Decoder
+from starttrace.sources.otlp import JSON, PROTOBUF, BadRequest
 from starttrace.sources.store import Store, StoreSaturated
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
@@ -133,8 +134,10 @@ async def handle_traces(
     max_body: int,
     count: Callable[[str, int], None],
     retry_after_s: int = 2,
+    decoder: Decoder | None = None,
 ) -> Response:
-    """The `POST /v1/traces` handler. `count(encoding, code)` counts the request for /metrics."""
+    """The `POST /v1/traces` handler. `count(encoding, code)` counts the request for /metrics;
+    `decoder` decodes the body in a worker process (service/decoder.py)."""
     ctype = media_type(request)
     enc_label = "protobuf" if ctype == PROTOBUF else "json" if ctype == JSON else "other"
     if ctype not in (PROTOBUF, JSON):
@@ -152,10 +155,7 @@ async def handle_traces(
         count(enc_label, 400)
         return status_response(400, str(exc), ctype)
     try:
-        if len(body) > 1_000_000:  # keep the event loop free for other requests
-            decoded = await anyio.to_thread.run_sync(parse_and_decode, body, ctype)
-        else:
-            decoded = parse_and_decode(body, ctype)
+        decoded = await (decoder or Decoder(workers=0)).decode(body, ctype)
     except BadRequest as exc:
         count(enc_label, 400)
         return status_response(400, str(exc), ctype)

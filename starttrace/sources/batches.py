@@ -1,7 +1,9 @@
-"""What a source hands the store: spans of processes, grouped in ingest batches."""
+"""What a source hands the store: spans of processes, grouped in ingest batches; and the packed
+form the store keeps them in (one `marshal` blob per trace of a process batch)."""
 
 from __future__ import annotations
 
+import marshal
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,9 +15,63 @@ SpanTuple = tuple[
 ]
 
 
+MARSHAL_VERSION = 4  # read by every Python since 3.4; written explicitly so a newer default changes nothing
+
+
+def pack_spans(spans: list[SpanTuple]) -> bytes:
+    return marshal.dumps(spans, MARSHAL_VERSION)
+
+
+def unpack_spans(body: bytes) -> list[SpanTuple]:
+    """Packed spans; ValueError when the blob is not a list of span tuples."""
+    try:
+        spans = marshal.loads(body)
+    except (EOFError, TypeError, ValueError) as exc:
+        raise ValueError(f"unreadable span batch: {exc}") from None
+    if type(spans) is not list or (spans and (type(spans[0]) is not tuple or len(spans[0]) != SPAN_FIELDS)):
+        raise ValueError("unreadable span batch: not a list of span tuples")
+    return spans
+
+
+SPAN_FIELDS = 11  # len(SpanTuple)
+
+
+@dataclass
+class PackedSpans:
+    """Spans of one process and one trace, packed (`pack_spans`), with what the store's writer
+    needs to know of them without unpacking: their ids, which are in progress, their time range."""
+
+    trace_id: str
+    span_ids: list[str]
+    open_ids: list[str]  # those in progress
+    first_ns: int
+    last_ns: int
+    body: bytes
+
+
+def pack_by_trace(spans: list[SpanTuple]) -> list[PackedSpans]:
+    """Spans (of one process) packed per trace id, in arrival order."""
+    if not spans:
+        return []
+    trace_ids = list(dict.fromkeys([s[0] for s in spans]))
+    groups = [spans] if len(trace_ids) == 1 else [[s for s in spans if s[0] == t] for t in trace_ids]
+    return [
+        PackedSpans(
+            trace_id,
+            [s[1] for s in group],
+            [s[1] for s in group if s[6]],
+            min([s[4] for s in group]),
+            max([s[5] if s[5] is not None else s[4] for s in group]),
+            pack_spans(group),
+        )
+        for trace_id, group in zip(trace_ids, groups, strict=True)
+    ]
+
+
 @dataclass
 class ProcessBatch:
-    """Spans of one process (one OTLP ResourceSpans, or one journal file)."""
+    """Spans of one process (one OTLP ResourceSpans, or one journal file): as tuples, or already
+    packed (`packed`, e.g. by the service's decoder process); the store takes either."""
 
     source: str  # "otlp" | "journal"
     resource: dict[str, Any]
@@ -23,6 +79,14 @@ class ProcessBatch:
     run_id: str | None = None  # None: resolved from the resource, else from the trace id
     lane_id: str | None = None  # None: service.instance.id, else pid, else service name
     info: dict[str, Any] = field(default_factory=dict)  # exited, exit_code, warnings, preloaded, journal_path
+    packed: list[PackedSpans] = field(default_factory=list)
+
+    def span_count(self) -> int:
+        return len(self.spans) + sum(len(p.span_ids) for p in self.packed)
+
+    def packed_spans(self) -> list[PackedSpans]:
+        """All its spans, packed per trace (the tuples packed here)."""
+        return self.packed + pack_by_trace(self.spans) if self.spans else self.packed
 
 
 @dataclass
@@ -42,4 +106,4 @@ class IngestBatch:
     done: threading.Event | None = None
 
     def span_count(self) -> int:
-        return sum(len(p.spans) for p in self.processes)
+        return sum(p.span_count() for p in self.processes)

@@ -222,6 +222,7 @@ _LiteRequest = _build_lite_types()
 _ATTR_TAG = b"J"  # Span.attributes: field 9, length-delimited
 _IN_PROGRESS_B = _IN_PROGRESS.encode()
 _SCOPE_KEY_B = _SCOPE_KEY.encode()
+_EXCEPTION_B = b"exception"
 
 
 def _scope_suffix(scope: str) -> bytes:
@@ -281,6 +282,10 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
     zero_span = _ZERO_SPAN
     max_ns = _MAX_NS
     in_progress_b, error_code = _IN_PROGRESS_B, _STATUS_ERROR
+    # whole-request byte searches: where a key is nowhere in the request, no span needs the check
+    # (most requests of a finished startup have no span in progress and no exception event)
+    maybe_open = in_progress_b in msg
+    maybe_exception = _EXCEPTION_B in msg
     last_tid, last_hex = b"", ""  # the spans of a request mostly share one trace id
     for rs, rs_raw in zip(full.resource_spans, lite.resource_spans, strict=True):
         resource = _attrs(rs.resource.attributes)
@@ -324,7 +329,7 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
                 if end < start:
                     end = start
                 # a byte search first: the attribute list is read only when the key may be there
-                in_progress = in_progress_b in raw and _in_progress(sp)
+                in_progress = maybe_open and in_progress_b in raw and _in_progress(sp)
                 if suffix is not None and not (
                     _SCOPE_KEY_B in raw and any(kv.key == _SCOPE_KEY for kv in sp.attributes)
                 ):
@@ -332,7 +337,7 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
                 error = None
                 if sp.HasField("status") and sp.status.code == error_code:
                     error = sp.status.message or "error"
-                if error is None and sp.events and any(e.name == "exception" for e in sp.events):
+                if error is None and maybe_exception and any(e.name == "exception" for e in sp.events):
                     error = "exception"
                 append(
                     (

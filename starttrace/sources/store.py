@@ -5,7 +5,7 @@ journal updates both go through it); readers use one connection per thread (WAL 
 while the writer writes). Every SQL statement takes its values as parameters.
 
 Spans are stored packed: one row per (lane, trace) of each ingest batch (`span_batches`), its
-spans one `marshal` blob of tuples (`BATCH_FIELDS`, marshal format version `MARSHAL_VERSION`), in
+spans one `marshal` blob of `SpanTuple`s (`sources.batches.pack_spans`), in
 arrival order. A row per span made SQLite's insert the bound of ingest (docs/benchmarks.md); one
 row per batch leaves it a blob write.
 
@@ -26,8 +26,8 @@ older file (spans without `lane`) is refused with `SchemaError`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
-import marshal
 import operator
 import queue
 import sqlite3
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from starttrace.run import Link, Process, Run, Span, gc_paused, int_or_none
-from starttrace.sources.batches import IngestBatch, ProcessBatch, SpanTuple
+from starttrace.sources.batches import IngestBatch, PackedSpans, ProcessBatch, SpanTuple, pack_spans, unpack_spans
 from starttrace.sources.lazy_attrs import LazyAttrs
 from starttrace.sources.otlp import span_attrs
 
@@ -92,7 +92,7 @@ CREATE TABLE IF NOT EXISTS span_batches (
     lane INTEGER NOT NULL,  -- lanes.id: (run_id, lane_id, source) of the process that sent them
     trace INTEGER NOT NULL,  -- traces.id
     spans INTEGER NOT NULL,  -- how many of them were not stored before (a run's span count: the sum)
-    body BLOB NOT NULL  -- marshal.dumps(list of BATCH_FIELDS tuples)
+    body BLOB NOT NULL  -- marshal.dumps(list of SpanTuple): all of this row's trace
 );
 CREATE INDEX IF NOT EXISTS span_batches_lane ON span_batches(lane);
 CREATE INDEX IF NOT EXISTS span_batches_trace ON span_batches(trace);
@@ -143,10 +143,9 @@ SPAN_COLUMNS = (
     "error",
     "thread",
 )
-# one span in a stored batch: SpanTuple without its trace id (the batch row has it)
-BATCH_FIELDS = SPAN_COLUMNS[1:2] + SPAN_COLUMNS[3:]
-BatchSpan = tuple[Any, ...]
-MARSHAL_VERSION = 4  # read by every Python since 3.4; written explicitly so a newer default changes nothing
+# one span in a stored batch: the SpanTuple the writer got (the trace id, one string object for the
+# whole batch, costs marshal a back-reference per span; keeping it spares a copy of every tuple)
+BATCH_FIELDS = SPAN_COLUMNS[:2] + SPAN_COLUMNS[3:]
 
 
 @dataclass
@@ -162,19 +161,13 @@ class RunRows:
     meta: dict[str, Any]
     problems: list[str]
     processes: list[dict[str, Any]]
-    # lane id -> its spans as (trace id, BATCH_FIELDS tuples) chunks in arrival order, each span once
-    lanes: dict[str, list[tuple[str, list[BatchSpan]]]]
+    lanes: dict[str, list[SpanTuple]]  # lane id -> its spans in arrival order, each span once
     unreadable: int = 0  # stored batches that could not be decoded (reported as a problem of the run)
 
     @property
     def spans(self) -> list[tuple[Any, ...]]:
         """Every span as one SPAN_COLUMNS row (tests and tools; the run type reads `lanes`)."""
-        return [
-            (trace_id, s[0], lane_id, *s[1:])
-            for lane_id, chunks in self.lanes.items()
-            for trace_id, spans in chunks
-            for s in spans
-        ]
+        return [(s[0], s[1], lane_id, *s[2:]) for lane_id, spans in self.lanes.items() for s in spans]
 
 
 SCHEMA_VERSION = 4
@@ -187,8 +180,7 @@ UPGRADE_BATCH_SPANS = 4096
 _RUN_LANES = "SELECT id FROM lanes WHERE run_id = ?"
 _RUN_LANE_IDS = "SELECT id, lane_id FROM lanes WHERE run_id = ?"
 _RUN_BATCHES = (
-    "SELECT b.lane, t.trace_id, b.trace, b.body FROM span_batches b JOIN traces t ON t.id = b.trace"
-    " WHERE b.lane IN (SELECT id FROM lanes WHERE run_id = ?) ORDER BY b.seq"
+    "SELECT lane, trace, body FROM span_batches WHERE lane IN (SELECT id FROM lanes WHERE run_id = ?) ORDER BY seq"
 )
 _BATCH_INSERT = "INSERT INTO span_batches(lane, trace, spans, body) VALUES (?, ?, ?, ?)"
 
@@ -197,27 +189,12 @@ class SchemaError(RuntimeError):
     """The database file was written by an older, incompatible version of the store."""
 
 
-def pack_spans(spans: list[BatchSpan]) -> bytes:
-    return marshal.dumps(spans, MARSHAL_VERSION)
-
-
-def unpack_spans(body: bytes) -> list[BatchSpan]:
-    """A stored batch's spans; ValueError when the blob is not one this store wrote."""
-    try:
-        spans = marshal.loads(body)
-    except (EOFError, TypeError, ValueError) as exc:
-        raise ValueError(f"unreadable span batch: {exc}") from None
-    if type(spans) is not list or (spans and (type(spans[0]) is not tuple or len(spans[0]) != len(BATCH_FIELDS))):
-        raise ValueError("unreadable span batch: not a list of span tuples")
-    return spans
-
-
-def _merge_copy(old: BatchSpan, new: BatchSpan) -> BatchSpan | None:
-    """A span stored already, arriving again (BATCH_FIELDS tuples): the span it becomes, or None when
+def _merge_copy(old: SpanTuple, new: SpanTuple) -> SpanTuple | None:
+    """A span stored already, arriving again: the span it becomes, or None when
     the stored copy stands. The new copy wins if the stored one is in progress, or if both have
     ended and they differ in end or attributes; start, `instant` and thread stay the first copy's."""
-    if old[5] or (not new[5] and (old[7] != new[7] or old[4] != new[4])):
-        return (old[0], new[1], new[2], old[3], new[4], new[5], old[6], new[7], new[8], old[9])
+    if old[6] or (not new[6] and (old[8] != new[8] or old[5] != new[5])):
+        return (old[0], old[1], new[2], new[3], old[4], new[5], new[6], old[7], new[8], new[9], old[10])
     return None
 
 
@@ -250,7 +227,7 @@ class _SpanKeys:
                 except ValueError:
                     continue  # the reader reports it
                 for sp in spans:
-                    keys[sp[0]] = sp[5] if keys.get(sp[0], 1) else 0
+                    keys[sp[1]] = sp[6] if keys.get(sp[1], 1) else 0
             self._count += len(keys)
         self._by_trace[trace] = keys  # now the most recently written
         return keys
@@ -275,7 +252,7 @@ def upgrade_span_rows(conn: sqlite3.Connection) -> int:
     transaction: an interrupted upgrade leaves the old file as it was. Returns the spans moved."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        chunks: dict[tuple[int, int], list[BatchSpan]] = {}
+        chunks: dict[tuple[int, int], list[SpanTuple]] = {}
         moved = 0
 
         def flush(key: tuple[int, int]) -> None:
@@ -283,14 +260,14 @@ def upgrade_span_rows(conn: sqlite3.Connection) -> int:
             conn.execute(_BATCH_INSERT, (key[0], key[1], len(spans), pack_spans(spans)))
 
         rows = conn.execute(
-            "SELECT lane, trace, span_id, parent_id, name, start_ns, end_ns, in_progress, instant, attrs, error,"
-            " thread FROM spans ORDER BY seq"
+            "SELECT s.lane, s.trace, t.trace_id, s.span_id, s.parent_id, s.name, s.start_ns, s.end_ns, s.in_progress,"
+            " s.instant, s.attrs, s.error, s.thread FROM spans s JOIN traces t ON t.id = s.trace ORDER BY s.seq"
         )
         for row in rows.fetchall():
             key = (int(row[0]), int(row[1]))
             chunk = chunks.setdefault(key, [])
-            attrs = row[9]
-            chunk.append((*row[2:9], bytes(attrs) if isinstance(attrs, memoryview) else attrs, *row[10:]))
+            attrs = row[10]
+            chunk.append((*row[2:10], bytes(attrs) if isinstance(attrs, memoryview) else attrs, *row[11:]))
             moved += 1
             if len(chunk) >= UPGRADE_BATCH_SPANS:
                 flush(key)
@@ -645,27 +622,27 @@ class Store:
         # and its parameters.
         res = proc.resource
         # group the spans by run: the resource's run id, else the run that owns the trace id
-        by_run: dict[str, list[SpanTuple]] = {}
+        groups = proc.packed_spans()
+        by_run: dict[str, list[PackedSpans]] = {}
         fixed = proc.run_id or res.get("starttrace.run_id")
         if fixed:
             fixed = str(fixed)
-            for trace_id in dict.fromkeys([sp[0] for sp in proc.spans]):  # distinct, in order
-                self._resolve_run(conn, fixed, trace_id)
-            by_run[fixed] = proc.spans
+            for g in groups:
+                self._resolve_run(conn, fixed, g.trace_id)
+            by_run[fixed] = groups
         else:
-            for sp in proc.spans:
-                rid = self._trace_runs.get(sp[0])
+            for g in groups:
+                rid = self._trace_runs.get(g.trace_id)
                 if rid is None:
-                    rid = sp[0]
-                    self._trace_runs[sp[0]] = rid
-                by_run.setdefault(rid, []).append(sp)
+                    rid = self._trace_runs[g.trace_id] = g.trace_id
+                by_run.setdefault(rid, []).append(g)
         if not by_run and fixed is None:
             return
         if not by_run and fixed:
             by_run[fixed] = []
         service = res.get("service.name")
         info = proc.info
-        for run_id, spans in by_run.items():
+        for run_id, run_groups in by_run.items():
             lane = self._lane_for(conn, run_id, proc)
             conn.execute(
                 "INSERT INTO processes(run_id, lane_id, pid, ppid, service, role, rank, start_method, resource,"
@@ -699,19 +676,18 @@ class Store:
                     info.get("journal_path"),
                 ),
             )
-            if spans:
+            n = 0
+            if run_groups:
                 lane_ref = self._lane_ref(conn, run_id, lane, proc.source)
-                traces = self._trace_ids
-                for trace_id in dict.fromkeys([s[0] for s in spans]):  # distinct, in order
-                    if trace_id not in traces:
-                        self._trace_ref(conn, trace_id)
-                self._span_batches(conn, spans, lane_ref, pending)
-                first = min(s[4] for s in spans)
-                last = max(s[5] if s[5] is not None else s[4] for s in spans)
+                for g in run_groups:
+                    self._span_batch(conn, g, lane_ref, pending)
+                    n += len(g.span_ids)
+                first: int | None = min(g.first_ns for g in run_groups)
+                last: int | None = max(g.last_ns for g in run_groups)
             else:
                 first = last = None
             t = touched.get(run_id)
-            trace_id = spans[0][0] if spans else None
+            trace_id = run_groups[0].trace_id if run_groups else None
             if t is None:
                 touched[run_id] = [trace_id, service, proc.source, first, last]
             else:
@@ -720,47 +696,43 @@ class Store:
                 if first is not None:
                     t[3] = first if t[3] is None else min(t[3], first)
                     t[4] = last if t[4] is None else max(t[4], last)
-            stored[proc.source] = stored.get(proc.source, 0) + len(spans)
+            stored[proc.source] = stored.get(proc.source, 0) + n
 
-    def _span_batches(
-        self,
-        conn: sqlite3.Connection,
-        spans: list[SpanTuple],
-        lane_ref: int,
-        pending: list[tuple[int, int, int, bytes]],
+    def _span_batch(
+        self, conn: sqlite3.Connection, g: PackedSpans, lane_ref: int, pending: list[tuple[int, int, int, bytes]]
     ) -> None:
-        """One process's spans as packed rows, one per trace (in arrival order); a span stored
-        already goes in again for the reader's rule (`_merge_copy`), unless it is an in-progress
-        copy of a span that has ended (that copy never wins), and is not counted again."""
-        traces, span_keys = self._trace_ids, self._span_keys
-        by_trace: dict[int, list[BatchSpan]] = {}
-        new: dict[int, int] = {}
-        last_tid: str | None = None
-        ref, keys, out = -1, {}, []
-        added = 0
-        for s in spans:
-            tid = s[0]
-            if tid is not last_tid:  # the spans of a batch mostly share one trace id (one str object)
-                last_tid = tid
-                trace = traces[tid]
-                if trace != ref:
-                    ref, keys = trace, span_keys.of(conn, trace)
-                    out = by_trace.setdefault(ref, [])
-            sid, is_open = s[1], s[6]
-            old = keys.get(sid)
-            if old is None:
-                keys[sid] = is_open
-                new[ref] = new.get(ref, 0) + 1
-                added += 1
-            elif old:
-                keys[sid] = is_open
-            elif is_open:
-                continue  # an in-progress copy of an ended span
-            out.append(s[1:])
-        for trace, batch in by_trace.items():
-            if batch:
-                pending.append((lane_ref, trace, new.get(trace, 0), pack_spans(batch)))
-        span_keys.added(added)
+        """One process's spans of one trace as a packed row. A span stored already goes in again
+        for the reader's rule (`_merge_copy`), unless it is an in-progress copy of a span that has
+        ended (that copy never wins); it is not counted again. Spans all new (the common case) are
+        checked and noted in C: no Python loop per span, the body stored as it came."""
+        trace = self._trace_ids.get(g.trace_id)
+        if trace is None:
+            trace = self._trace_ref(conn, g.trace_id)
+        keys = self._span_keys.of(conn, trace)
+        ids = dict.fromkeys(g.span_ids, 0)
+        if len(ids) == len(g.span_ids) and keys.keys().isdisjoint(ids):
+            if g.open_ids:
+                ids.update(dict.fromkeys(g.open_ids, 1))
+            keys.update(ids)
+            added, body = len(ids), g.body
+        else:
+            kept, added = [], 0
+            for s in unpack_spans(g.body):
+                sid, is_open = s[1], s[6]
+                old = keys.get(sid)
+                if old is None:
+                    keys[sid] = is_open
+                    added += 1
+                elif old:
+                    keys[sid] = is_open
+                elif is_open:
+                    continue  # an in-progress copy of an ended span
+                kept.append(s)
+            if not kept:
+                return
+            body = pack_spans(kept)
+        pending.append((lane_ref, trace, added, body))
+        self._span_keys.added(added)
 
     # reads ---------------------------------------------------------------------------------
     def run_version(self, run_id: str) -> int | None:
@@ -958,16 +930,14 @@ class Store:
         return ids
 
 
-def _lane_spans(
-    batches: list[tuple[Any, ...]], lane_names: dict[int, str]
-) -> tuple[dict[str, list[tuple[str, list[BatchSpan]]]], int]:
-    """The run's batches (lanes.id, trace id, traces.id, body; in arrival order) as each lane's
-    chunks, every span once: a later copy of a span is merged into the first one, where it stands
+def _lane_spans(batches: list[tuple[Any, ...]], lane_names: dict[int, str]) -> tuple[dict[str, list[SpanTuple]], int]:
+    """The run's batches (lanes.id, traces.id, body; in arrival order) as each lane's spans, every
+    span once: a later copy of a span is merged into the first one, where it stands
     (`_merge_copy`). Returns the lanes and how many batches could not be read."""
-    lanes: dict[str, list[tuple[str, list[BatchSpan]]]] = {}
-    seen: dict[int, dict[str, tuple[list[BatchSpan], int]]] = {}
+    lanes: dict[str, list[SpanTuple]] = {}
+    seen: dict[int, dict[str, tuple[list[SpanTuple], int]]] = {}  # trace -> span id -> (lane, index)
     unreadable = 0
-    for lane_ref, trace_id, trace_ref, body in batches:
+    for lane_ref, trace_ref, body in batches:
         try:
             spans = unpack_spans(body)
         except ValueError:
@@ -976,18 +946,26 @@ def _lane_spans(
         keys = seen.get(trace_ref)
         if keys is None:
             keys = seen[trace_ref] = {}
-        out: list[BatchSpan] = []
+        lane_id = lane_names.get(lane_ref, f"lane:{lane_ref}")
+        out = lanes.get(lane_id)
+        if out is None:
+            out = lanes[lane_id] = []
+        firsts = dict.fromkeys([s[1] for s in spans])
+        if len(firsts) == len(spans) and keys.keys().isdisjoint(firsts):  # all new: no Python loop per span
+            at, n = len(out), len(spans)
+            out.extend(spans)
+            keys.update(zip(firsts, zip(itertools.repeat(out, n), range(at, at + n), strict=True), strict=True))
+            continue
         for sp in spans:
-            first = keys.get(sp[0])
+            first = keys.get(sp[1])
             if first is None:
-                keys[sp[0]] = (out, len(out))
+                keys[sp[1]] = (out, len(out))
                 out.append(sp)
             else:
                 chunk, i = first
                 merged = _merge_copy(chunk[i], sp)
                 if merged is not None:
                     chunk[i] = merged
-        lanes.setdefault(lane_names.get(lane_ref, f"lane:{lane_ref}"), []).append((trace_id, out))
     return lanes, unreadable
 
 
@@ -997,27 +975,26 @@ def run_from_rows(rows: RunRows) -> Run:
     also a link."""
     by_lane: dict[str, list[Span]] = {}
     marker, text_marker = b"starttrace.launched_by", '"starttrace.launched_by"'
-    for lane_id, chunks in rows.lanes.items():
+    for lane_id, lane_rows in rows.lanes.items():
         spans = by_lane[lane_id] = []
         append = spans.append
-        for _trace_id, batch in chunks:
-            for r in batch:  # BATCH_FIELDS
-                raw = r[7]
-                if type(raw) is bytes and raw:
-                    attrs: dict[str, Any] = LazyAttrs(raw, span_attrs)
-                else:
-                    attrs = lazy_attrs(raw)
-                in_progress = bool(r[5])
-                span = Span(
-                    r[0], r[1], r[2], r[3], None if (in_progress and r[4] is None) else r[4], attrs, r[8], r[9],
-                    bool(r[6]), in_progress,
-                )  # fmt: skip
-                # no attribute lookup for most spans
-                if raw and (marker in raw if isinstance(raw, bytes) else text_marker in raw):
-                    launched_by = attrs.get("starttrace.launched_by")
-                    if isinstance(launched_by, str) and launched_by:
-                        span.links.append(Link(launched_by, attrs={"starttrace.link": "launched_by"}))
-                append(span)
+        for r in lane_rows:  # SpanTuple
+            raw = r[8]
+            if type(raw) is bytes and raw:
+                attrs: dict[str, Any] = LazyAttrs(raw, span_attrs)
+            else:
+                attrs = lazy_attrs(raw)
+            in_progress = bool(r[6])
+            span = Span(
+                r[1], r[2], r[3], r[4], None if (in_progress and r[5] is None) else r[5], attrs, r[9], r[10],
+                bool(r[7]), in_progress,
+            )  # fmt: skip
+            # no attribute lookup for most spans
+            if raw and (marker in raw if isinstance(raw, bytes) else text_marker in raw):
+                launched_by = attrs.get("starttrace.launched_by")
+                if isinstance(launched_by, str) and launched_by:
+                    span.links.append(Link(launched_by, attrs={"starttrace.link": "launched_by"}))
+            append(span)
     ids = {s.span_id for spans in by_lane.values() for s in spans}
     processes: list[Process] = []
     root_spans: list[Span] = []

@@ -48,7 +48,7 @@ def _as_old_file(db: Path, version: int) -> None:
                 conn.execute(
                     "INSERT INTO spans(span_id, trace, lane, parent_id, name, start_ns, end_ns, in_progress, instant,"
                     " attrs, error, thread) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (sp[0], trace, lane, *sp[1:]),
+                    (sp[1], trace, lane, *sp[2:]),
                 )
         conn.execute(f"PRAGMA user_version={0 if version == 2 else 3}")
 
