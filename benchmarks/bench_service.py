@@ -86,7 +86,9 @@ class Server:
         deadline = time.time() + 60
         while True:
             try:
-                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                health = httpx.get(self.url + "/healthz", timeout=1)
+                # ready, and its decoder worker too (a service is up before a startup is traced)
+                if health.status_code == 200 and health.json().get("decoder", "off") != "starting":
                     return
             except httpx.HTTPError:
                 pass

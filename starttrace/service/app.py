@@ -264,6 +264,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "models_pending": cache.pending,
             "model_errors": cache.errors[-5:],
             "journal_errors": watcher.errors[-5:] if watcher else [],
+            "decoder": decoder.state,
             "decoder_errors": decoder.errors[-5:],
         }
 

@@ -23,7 +23,7 @@ import multiprocessing
 import os
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 import anyio.to_thread
@@ -65,6 +65,14 @@ class Decoder:
         self.workers = workers
         self.errors: list[str] = []
         self._pool: ProcessPoolExecutor | None = None
+        self._warmed: Future[None] | None = None
+
+    @property
+    def state(self) -> str:
+        """`off` (no worker), `starting` (spawned, still importing), `ready`."""
+        if self._pool is None or self._warmed is None:
+            return "off"
+        return "ready" if self._warmed.done() else "starting"
 
     def start(self) -> None:
         if self.workers > 0 and self._pool is None:
@@ -75,7 +83,7 @@ class Decoder:
                 initializer=_worker_start,
                 initargs=(os.getpid(),),
             )
-            self._pool.submit(_warm)  # start the worker now, not on the first request
+            self._warmed = self._pool.submit(_warm)  # start the worker now, not on the first request
 
     def stop(self) -> None:
         pool, self._pool = self._pool, None

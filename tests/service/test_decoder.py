@@ -32,6 +32,7 @@ def test_large_bodies_go_to_a_worker_and_are_stored(server: Server) -> None:
     bodies = protobuf_batches(run, 512)
     assert sum(len(b) > INLINE_MAX_BYTES for b in bodies) >= 2, "some bodies must be large enough for the worker"
     wait_for(lambda: len(_workers(server)) == 1, timeout=30)
+    wait_for(lambda: httpx.get(server.url + "/healthz").json()["decoder"] == "ready", timeout=60)
     for body in bodies:
         assert httpx.post(server.url + "/v1/traces", content=body, headers=PROTOBUF, timeout=30).status_code == 200
     wait_for(lambda: _stored(server) == run.span_count, timeout=30)
