@@ -420,6 +420,9 @@ def serve(
     ] = None,
     retention: Annotated[str | None, typer.Option(help="drop runs older than this (e.g. 7d, 12h)")] = None,
     no_journal: Annotated[bool, typer.Option("--no-journal", help="do not watch a journal dir (OTLP only)")] = False,
+    decode_workers: Annotated[
+        int, typer.Option(min=0, max=1, help="processes decoding OTLP bodies (0: in the service itself)")
+    ] = 1,
 ) -> None:
     """The starttrace service: OTLP/HTTP receiver, /startup waterfalls, /metrics."""
     from starttrace.service.server import serve as run_server
@@ -433,6 +436,7 @@ def serve(
             journal_dir=None if no_journal else str(journal_dir or default_root()),
             token=token,
             retention=retention,
+            decode_workers=decode_workers,
         )
     except (SchemaError, ValueError) as exc:
         raise _fail(str(exc)) from None

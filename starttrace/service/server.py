@@ -15,12 +15,14 @@ def serve(
     journal_dir: str | Path | None = None,
     token: str | None = None,
     retention: str | float | None = None,
+    decode_workers: int = 1,
 ) -> None:
     """Serve the OTLP receiver, the API and the web page until interrupted.
 
     `db`: SQLite file (default `$XDG_STATE_HOME/starttrace/starttrace.db`); `journal_dir`: a journal
     root (`ROOT/<run_id>/<journals>`) to watch; `token`: bearer token required on every endpoint but
-    /healthz (default: `$STARTTRACE_TOKEN`); `retention`: drop runs older than this ('7d', '12h').
+    /healthz (default: `$STARTTRACE_TOKEN`); `retention`: drop runs older than this ('7d', '12h');
+    `decode_workers`: processes decoding OTLP bodies (`service/decoder.py`; 0: in the service).
     """
     import uvicorn
 
@@ -31,6 +33,7 @@ def serve(
         journal_dir=journal_dir,
         token=token,
         retention_s=parse_retention(retention),
+        decode_workers=decode_workers,
     )
     app = create_app(settings)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
@@ -47,8 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--journal-dir")
     parser.add_argument("--token")
     parser.add_argument("--retention")
+    parser.add_argument("--decode-workers", type=int, default=1)
     args = parser.parse_args(argv)
-    serve(args.host, args.port, args.db, args.journal_dir, args.token, args.retention)
+    serve(args.host, args.port, args.db, args.journal_dir, args.token, args.retention, args.decode_workers)
 
 
 if __name__ == "__main__":

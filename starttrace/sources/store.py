@@ -92,7 +92,9 @@ CREATE TABLE IF NOT EXISTS span_batches (
     lane INTEGER NOT NULL,  -- lanes.id: (run_id, lane_id, source) of the process that sent them
     trace INTEGER NOT NULL,  -- traces.id
     spans INTEGER NOT NULL,  -- how many of them were not stored before (a run's span count: the sum)
-    body BLOB NOT NULL  -- marshal.dumps(list of SpanTuple): all of this row's trace
+    body BLOB NOT NULL  -- sources.batches.pack_spans(list of SpanTuple), all of this row's trace: the
+                        -- SpanTuple as the writer got it (the trace id, one string object per batch,
+                        -- costs marshal a back-reference per span)
 );
 CREATE INDEX IF NOT EXISTS span_batches_lane ON span_batches(lane);
 CREATE INDEX IF NOT EXISTS span_batches_trace ON span_batches(trace);
@@ -143,9 +145,6 @@ SPAN_COLUMNS = (
     "error",
     "thread",
 )
-# one span in a stored batch: the SpanTuple the writer got (the trace id, one string object for the
-# whole batch, costs marshal a back-reference per span; keeping it spares a copy of every tuple)
-BATCH_FIELDS = SPAN_COLUMNS[:2] + SPAN_COLUMNS[3:]
 
 
 @dataclass
@@ -263,7 +262,7 @@ def upgrade_span_rows(conn: sqlite3.Connection) -> int:
             "SELECT s.lane, s.trace, t.trace_id, s.span_id, s.parent_id, s.name, s.start_ns, s.end_ns, s.in_progress,"
             " s.instant, s.attrs, s.error, s.thread FROM spans s JOIN traces t ON t.id = s.trace ORDER BY s.seq"
         )
-        for row in rows.fetchall():
+        for row in rows:  # streamed: a large file is not read into memory at once
             key = (int(row[0]), int(row[1]))
             chunk = chunks.setdefault(key, [])
             attrs = row[10]
@@ -832,7 +831,7 @@ class Store:
                 p[key] = json.loads(p[key]) if p[key] else ({} if key == "resource" else [])
         lanes, unreadable = _lane_spans(batches, lane_names)
         if unreadable:
-            problems.append(f"{unreadable} stored span batch(es) could not be read and were left out ({self.path})")
+            problems.append(f"{unreadable} stored span batch(es) of this run could not be read and were left out")
         return RunRows(
             run_id=row[0],
             trace_id=row[1],

@@ -100,3 +100,15 @@ def test_packed_by_the_worker_is_stored_as_decoded_in_the_service(tmp_path) -> N
     assert packed.load_rows("packed").spans == rows.spans  # type: ignore[union-attr]
     packed.close()
     inline.close()
+
+
+def test_without_a_worker_bodies_are_decoded_in_the_service(server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory("--decode-workers", "0")
+    assert httpx.get(server.url + "/healthz").json()["decoder"] == "off"
+    run = make_run(ranks=1, imports_per_rank=600, run_id="inline", seed=4)
+    bodies = protobuf_batches(run, 512)
+    assert any(len(b) > INLINE_MAX_BYTES for b in bodies)
+    for body in bodies:
+        assert httpx.post(server.url + "/v1/traces", content=body, headers=PROTOBUF, timeout=30).status_code == 200
+    wait_for(lambda: _stored(server) == run.span_count, timeout=30)
+    assert _workers(server) == []

@@ -59,7 +59,8 @@ def _tables(db: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("version", [2, 3])
-def test_old_file_is_upgraded_in_place(tmp_path: Path, version: int) -> None:
+def test_old_file_is_upgraded_in_place(tmp_path: Path, version: int, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(store_mod, "UPGRADE_BATCH_SPANS", 4)  # rows packed while the old table is read
     db = tmp_path / "s.db"
     st = Store(db)
     st.ingest_now(_batch([_span(i, 5000, in_progress=i == 3) for i in range(10)]))
@@ -69,6 +70,8 @@ def test_old_file_is_upgraded_in_place(tmp_path: Path, version: int) -> None:
     assert "spans" in _tables(db) and "span_batches" not in _tables(db)
     st = Store(db)
     assert "spans" not in _tables(db) and "span_batches" in _tables(db)
+    with sqlite3.connect(db) as conn:
+        assert [r[0] for r in conn.execute("SELECT spans FROM span_batches ORDER BY seq")] == [4, 4, 2]
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == store_mod.SCHEMA_VERSION
     assert st.load_rows("r").spans == before  # type: ignore[union-attr]
