@@ -5,8 +5,8 @@
 
 The same 16 ranks x 6000 spans (96,112 spans in 195 protobuf requests of 512 spans, 4 client
 threads) as `bench_service.py`, through its `Server` and `ingest`, and nothing else: a quicker
-A/B of an ingest change than the whole service benchmark. The CPU column is the service process
-only (not a decoder worker process it may have).
+A/B of an ingest change than the whole service benchmark. The CPU columns: the service process,
+and its decoder worker process beside it (0 for a tree without one).
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def main() -> int:
             cpu = "?" if r["cpu_s"] is None else f"{r['cpu_s']:.2f} s"
             print(
                 f"  {tree!s:<24} {r['spans_s']:>9,.0f} spans/s  stored in {r['stored_s']:.2f} s"
-                f"  service CPU {cpu}  {r['statuses']}  load {os.getloadavg()[0]:.1f}",
+                f"  service CPU {cpu} (+ worker {r['worker_cpu_s']:.2f} s)  {r['statuses']}"
+                f"  load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
     return 0
