@@ -16,6 +16,7 @@ SpanTuple = tuple[
 
 
 MARSHAL_VERSION = 4  # read by every Python since 3.4; written explicitly so a newer default changes nothing
+SPAN_FIELDS = 11  # len(SpanTuple)
 
 
 def pack_spans(spans: list[SpanTuple]) -> bytes:
@@ -23,17 +24,14 @@ def pack_spans(spans: list[SpanTuple]) -> bytes:
 
 
 def unpack_spans(body: bytes) -> list[SpanTuple]:
-    """Packed spans; ValueError when the blob is not a list of span tuples."""
+    """Packed spans; ValueError when the blob is not a list of span tuples (a damaged file)."""
     try:
         spans = marshal.loads(body)
     except (EOFError, TypeError, ValueError) as exc:
         raise ValueError(f"unreadable span batch: {exc}") from None
-    if type(spans) is not list or (spans and (type(spans[0]) is not tuple or len(spans[0]) != SPAN_FIELDS)):
+    if type(spans) is not list or not all(type(s) is tuple and len(s) == SPAN_FIELDS for s in spans):
         raise ValueError("unreadable span batch: not a list of span tuples")
     return spans
-
-
-SPAN_FIELDS = 11  # len(SpanTuple)
 
 
 @dataclass

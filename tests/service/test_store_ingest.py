@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import marshal
 import math
 import sqlite3
 import time
@@ -67,10 +68,12 @@ def test_unreadable_batch_is_reported_and_the_rest_kept(tmp_path: Path) -> None:
     st = Store(db)
     st.ingest_now(_batch([_span(i, 5000) for i in range(5)]))
     st.ingest_now(_batch([_span(i, 5000) for i in range(5, 8)]))
+    st.ingest_now(_batch([_span(i, 5000) for i in range(8, 10)]))
     with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE span_batches SET body = x'0badf00d' WHERE seq = (SELECT MIN(seq) FROM span_batches)")
+        conn.execute("UPDATE span_batches SET body = x'0badf00d' WHERE seq = 1")  # not marshal data
+        conn.execute("UPDATE span_batches SET body = ? WHERE seq = 3", (marshal.dumps([("x",), 2]),))  # wrong shape
     rows = st.load_rows("r")
-    assert rows is not None and rows.unreadable == 1
+    assert rows is not None and rows.unreadable == 2
     assert [r[1] for r in rows.spans] == [f"{i:016x}" for i in range(5, 8)]
     assert any("could not be read" in p for p in rows.problems)
     run = st.load_run("r")
