@@ -421,7 +421,7 @@ def serve(
     retention: Annotated[str | None, typer.Option(help="drop runs older than this (e.g. 7d, 12h)")] = None,
     no_journal: Annotated[bool, typer.Option("--no-journal", help="do not watch a journal dir (OTLP only)")] = False,
     decode_workers: Annotated[
-        int, typer.Option(min=0, max=1, help="processes decoding OTLP bodies (0: in the service itself)")
+        int, typer.Option(min=0, help="processes decoding OTLP bodies (0: in the service itself)")
     ] = 1,
 ) -> None:
     """The starttrace service: OTLP/HTTP receiver, /startup waterfalls, /metrics."""
