@@ -134,7 +134,15 @@ def test_critical_path_goes_through_the_engine_core_into_a_worker(spawned: Serve
     worker_phases = {st.phase for st in path if role[st.lane] == "worker"}
     assert {"bootstrap", "model_load", "kv_cache"} <= worker_phases, worker_phases
     assert not [st for st in path if st.name == "vllm.engine_core.init" and st.kind == "span"]
-    assert [st.kind for st in path if st.name == "vllm.engine_core.init"] in ([], ["self"])
+    # at most its tail: its own time after its last inner span ("self"), or, when a worker's last
+    # span ended within the wait slack of the init's end (5 % of it, as timing falls), the time it
+    # waited after that worker ("wait"); the path then goes on in the worker either way
+    init_steps = [st for st in path if st.name == "vllm.engine_core.init"]
+    assert [st.kind for st in init_steps] in ([], ["self"], ["wait"])
+    (init,) = [n for n in model.spans if n.name == "vllm.engine_core.init"]
+    for st in init_steps:
+        if st.kind == "wait":
+            assert st.end - st.start <= max(2_000_000, (init.eff_end - init.start) // 20), st
     assert [role[st.lane] for st in path][-1] == "api_server" and path[-1].end <= (model.ready_ns or 0)
     for a, b in itertools.pairwise(path):
         assert a.end <= b.start, (a, b)
