@@ -5,9 +5,9 @@ journal updates both go through it); readers use one connection per thread (WAL 
 while the writer writes). Every SQL statement takes its values as parameters.
 
 Spans are stored packed: one row per (lane, trace) of each ingest batch (`span_batches`), its
-spans one `marshal` blob of `SpanTuple`s (`sources.batches.pack_spans`), in
-arrival order. A row per span made SQLite's insert the bound of ingest (docs/benchmarks.md); one
-row per batch leaves it a blob write.
+spans one `marshal` blob of `SpanTuple`s (`sources.batches.pack_spans`), in arrival order. A row
+per span made SQLite's insert the bound of ingest (docs/benchmarks.md); one row per batch leaves
+it a blob write.
 
 A span is unique by (trace_id, span_id): the same span arriving twice (twice the same OTLP batch,
 or through the journal and through an exporter) is one span of the run. A span still in progress
@@ -245,14 +245,13 @@ def span_cols_of(conn: sqlite3.Connection) -> set[str]:
     return {r[1] for r in conn.execute("PRAGMA table_info(spans)")}
 
 
-def upgrade_span_rows(conn: sqlite3.Connection) -> int:
+def upgrade_span_rows(conn: sqlite3.Connection) -> None:
     """Pack a version-2/3 file's span rows into batches (per lane and trace, in their arrival order,
     UPGRADE_BATCH_SPANS spans each; those files stored every span once), then drop `spans`. One
-    transaction: an interrupted upgrade leaves the old file as it was. Returns the spans moved."""
+    transaction: an interrupted upgrade leaves the old file as it was."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         chunks: dict[tuple[int, int], list[SpanTuple]] = {}
-        moved = 0
 
         def flush(key: tuple[int, int]) -> None:
             spans = chunks.pop(key)
@@ -267,7 +266,6 @@ def upgrade_span_rows(conn: sqlite3.Connection) -> int:
             chunk = chunks.setdefault(key, [])
             attrs = row[10]
             chunk.append((*row[2:10], bytes(attrs) if isinstance(attrs, memoryview) else attrs, *row[11:]))
-            moved += 1
             if len(chunk) >= UPGRADE_BATCH_SPANS:
                 flush(key)
         for key in list(chunks):
@@ -277,7 +275,6 @@ def upgrade_span_rows(conn: sqlite3.Connection) -> int:
     except BaseException:
         conn.execute("ROLLBACK")
         raise
-    return moved
 
 
 class StoreSaturated(Exception):
