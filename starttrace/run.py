@@ -23,6 +23,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# the attributes the analysis reads of (nearly) every span
+HOT_KEYS = ("starttrace.phase", "starttrace.import.module", "starttrace.import.self_us")
+
+
+def hot_values(attrs: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """`attrs.get` of each of HOT_KEYS (None where absent). A source's own attribute mapping may
+    answer them in one call, with a `hot()` method (`sources.lazy_attrs.LazyAttrs`)."""
+    if type(attrs) is dict:
+        get = attrs.get
+        return get(HOT_KEYS[0]), get(HOT_KEYS[1]), get(HOT_KEYS[2])
+    hot = getattr(attrs, "hot", None)
+    if hot is not None:
+        return hot()  # type: ignore[no-any-return]
+    get = attrs.get
+    return get(HOT_KEYS[0]), get(HOT_KEYS[1]), get(HOT_KEYS[2])
+
 
 def int_or_none(value: Any) -> int | None:
     """An attribute value as an int (None for a missing, bool or non-numeric value)."""

@@ -22,8 +22,8 @@ from starttrace.analysis.model import (
     self_ns,
 )
 from starttrace.analysis.nodes import node_key, node_names, node_order
-from starttrace.analysis.phases import merge_intervals, phase_of, union_ns
-from starttrace.run import Process, Run, Span, gc_paused, int_or_none
+from starttrace.analysis.phases import merge_intervals, phase_by_name, union_ns
+from starttrace.run import Process, Run, Span, gc_paused, hot_values, int_or_none
 
 _START = operator.attrgetter("start")
 
@@ -138,11 +138,13 @@ def _span_nodes(run: Run, lanes_by_id: dict[str, Lane]) -> tuple[list[SpanNode],
             n.parent = s.parent_id
             n.name = name = s.name
             n.attrs = attrs = s.attrs if s.attrs is not None else {}  # not `or`: keeps lazily decoded attrs undecoded
-            n.phase = phase_of(name, attrs)
-            mod = attrs.get("starttrace.import.module")
+            phase, mod, self_us = hot_values(attrs)
+            n.phase = phase if type(phase) is str and phase else phase_by_name(name)
             if not isinstance(mod, str):
                 mod = name[7:] if name.startswith("import ") else None
             n.module = mod
+            if isinstance(self_us, (int, float)) and not isinstance(self_us, bool):
+                n.self_us = self_us
             n.start = s.start_ns
             n.in_progress = is_open = s.in_progress or s.end_ns is None
             n.end = None if is_open else s.end_ns
@@ -289,29 +291,30 @@ def _lane_facts(lane: Lane, run_ready: int | None, t_eff: int) -> None:
 
 def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str, Any]]:
     acc: dict[str, list[Any]] = {}
-    slots = [rank_slot(lane) for lane in model.lanes]
+    get = acc.get
     for n in model.spans:
         if n.phase != "import":
             continue
         mod = n.module or n.name
-        a = acc.get(mod)
+        a = get(mod)
         if a is None:
-            a = acc[mod] = [0, 0, set(), set(), 0]
+            a = acc[mod] = [0, 0, set(), 0]
         a[0] += n.duration
-        a[1] += self_ns(n)
+        us = n.self_us
+        a[1] += self_ns(n) if us is None else int(us * 1000)
         a[2].add(n.lane)
-        a[3].add(slots[n.lane])
-        a[4] += 1
+        a[3] += 1
     # the top `limit` picked before any row is built: a run has thousands of distinct modules
     top = heapq.nsmallest(limit, acc.items(), key=_hotspot_order)
+    slots = [rank_slot(lane) for lane in model.lanes]
     return [
         {
             "module": mod,
             "cumulative_s": a[0] / 1e9,
             "self_s": a[1] / 1e9,
             "processes": len(a[2]),
-            "ranks_paid": len(a[3]),
-            "imports": a[4],
+            "ranks_paid": len({slots[i] for i in a[2]}),
+            "imports": a[3],
         }
         for mod, a in top
     ]

@@ -60,6 +60,7 @@ class SpanNode:
         "error",
         "id",
         "idx",
+        "imports",
         "in_progress",
         "instant",
         "lane",
@@ -69,6 +70,7 @@ class SpanNode:
         "parent_node",
         "phase",
         "pos",
+        "self_us",
         "start",
         "thread",
     )
@@ -77,12 +79,16 @@ class SpanNode:
     # the imported module: `starttrace.import.module`, else the name after `import `, else None
     # (set once by build_model: the analysis asks for it ~6 times per import span)
     module: str | None
+    # `starttrace.import.self_us` when it is a number, else None (set once by build_model)
+    self_us: int | float | None
 
     def __init__(self) -> None:
         self.children: list[SpanNode] = []
         self.parent_node: SpanNode | None = None
+        self.imports: list[SpanNode] | None = None  # findings.common.import_children, once asked
         self.depth = 0
         self.pos = 0
+        self.self_us = None
 
 
 @dataclass
@@ -183,8 +189,8 @@ class RunModel:
 
 
 def self_ns(n: SpanNode) -> int:
-    us = n.attrs.get("starttrace.import.self_us")
-    if isinstance(us, (int, float)) and not isinstance(us, bool):
+    us = n.self_us
+    if us is not None:
         return int(us * 1000)
     children = n.children
     if not children:

@@ -12,6 +12,11 @@ def phase_of(name: str, attrs: dict[str, Any]) -> str:
     phase = attrs.get("starttrace.phase")
     if isinstance(phase, str) and phase:
         return phase
+    return phase_by_name(name)
+
+
+def phase_by_name(name: str) -> str:
+    """The phase of a span without a `starttrace.phase` attribute."""
     known = NAME_PHASES.get(name)
     if known:
         return known

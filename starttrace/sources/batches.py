@@ -29,7 +29,7 @@ def unpack_spans(body: bytes) -> list[SpanTuple]:
         spans = marshal.loads(body)
     except (EOFError, TypeError, ValueError) as exc:
         raise ValueError(f"unreadable span batch: {exc}") from None
-    if type(spans) is not list or not all(type(s) is tuple and len(s) == SPAN_FIELDS for s in spans):
+    if type(spans) is not list or (spans and ({*map(type, spans)} != {tuple} or {*map(len, spans)} != {SPAN_FIELDS})):
         raise ValueError("unreadable span batch: not a list of span tuples")
     return spans
 

@@ -22,6 +22,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from starttrace.run import HOT_KEYS
 from starttrace.sources.otlp import varint
 
 _MISSING = object()
@@ -103,7 +104,6 @@ def peek_protobuf(raw: bytes, key: str) -> Any:
 
 
 # what building the waterfall model asks of (nearly) every span: read together, on first use
-HOT_KEYS = ("starttrace.phase", "starttrace.import.module", "starttrace.import.self_us")
 _HOT = tuple((key, _pattern(key)) for key in HOT_KEYS)
 
 
@@ -197,6 +197,19 @@ class LazyAttrs(dict):  # type: ignore[type-arg]
                 return dict.get(self, key, default)
             peeked[key] = value
         return default if value is _MISSING else value
+
+    def hot(self) -> tuple[Any, Any, Any]:
+        """`get` of each of HOT_KEYS (`starttrace.run.hot_values` asks for them in one call)."""
+        peeked = self._peeked
+        raw = self._raw
+        if peeked is not None and isinstance(raw, bytes):
+            if HOT_KEYS[0] not in peeked:
+                peek_hot(raw, peeked)
+            get = peeked.get
+            a, b, c = get(HOT_KEYS[0], _UNKNOWN), get(HOT_KEYS[1], _UNKNOWN), get(HOT_KEYS[2], _UNKNOWN)
+            if a is not _UNKNOWN and b is not _UNKNOWN and c is not _UNKNOWN:
+                return (None if a is _MISSING else a), (None if b is _MISSING else b), (None if c is _MISSING else c)
+        return self.get(HOT_KEYS[0]), self.get(HOT_KEYS[1]), self.get(HOT_KEYS[2])
 
     def __getitem__(self, key: Any) -> Any:
         self._load()

@@ -32,8 +32,18 @@ def straggler_findings(model: RunModel) -> list[dict[str, Any]]:
         return []
     floor = max(MIN_SPREAD_S, MIN_SHARE * model.startup_s)
     out = []
-    for phase in _common_phases(ranks):
-        spans = {ln.index: [n for n in ln.spans if n.phase == phase and not n.instant] for ln in ranks}
+    by_phase: dict[int, dict[str, list[SpanNode]]] = {}
+    for ln in ranks:
+        lane_phases = by_phase[ln.index] = {}
+        for n in ln.spans:
+            if not n.instant:
+                got = lane_phases.get(n.phase)
+                if got is None:
+                    lane_phases[n.phase] = [n]
+                else:
+                    got.append(n)
+    for phase in _common_phases(ranks, by_phase):
+        spans = {ln.index: by_phase[ln.index][phase] for ln in ranks}
         entry = {i: min(n.start for n in ns) for i, ns in spans.items()}
         exit_ = {i: max(n.eff_end for n in ns) for i, ns in spans.items()}
         got = _phase_finding(model, ranks, phase, entry, exit_, spans, floor)
@@ -48,10 +58,10 @@ def straggler_findings(model: RunModel) -> list[dict[str, Any]]:
     return out[:MAX_FINDINGS]
 
 
-def _common_phases(ranks: list[Lane]) -> list[str]:
+def _common_phases(ranks: list[Lane], by_phase: dict[int, dict[str, list[SpanNode]]]) -> list[str]:
     common = None
     for ln in ranks:
-        have = {n.phase for n in ln.spans if not n.instant and n.phase not in SKIP_PHASES}
+        have = {ph for ph in by_phase[ln.index] if ph not in SKIP_PHASES}
         common = have if common is None else common & have
     order = {ph: i for i, ph in enumerate(ranks[0].phases)}
     return sorted(common or (), key=lambda ph: order.get(ph, 99))
