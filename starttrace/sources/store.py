@@ -162,6 +162,9 @@ class RunRows:
     processes: list[dict[str, Any]]
     lanes: dict[str, list[SpanTuple]]  # lane id -> its spans in arrival order, each span once
     unreadable: int = 0  # stored batches that could not be decoded (reported as a problem of the run)
+    # lanes with a span that may carry `starttrace.launched_by` (its bytes are in a stored batch);
+    # None: any lane may
+    linked_lanes: frozenset[str] | None = None
 
     @property
     def spans(self) -> list[tuple[Any, ...]]:
@@ -181,6 +184,7 @@ _RUN_LANE_IDS = "SELECT id, lane_id FROM lanes WHERE run_id = ?"
 _RUN_BATCHES = (
     "SELECT lane, trace, body FROM span_batches WHERE lane IN (SELECT id FROM lanes WHERE run_id = ?) ORDER BY seq"
 )
+_LAUNCHED_BY_B = b"starttrace.launched_by"
 _BATCH_INSERT = "INSERT INTO span_batches(lane, trace, spans, body) VALUES (?, ?, ?, ?)"
 
 
@@ -826,7 +830,7 @@ class Store:
         for p in procs:
             for key in ("resource", "warnings", "preloaded"):
                 p[key] = json.loads(p[key]) if p[key] else ({} if key == "resource" else [])
-        lanes, unreadable = _lane_spans(batches, lane_names)
+        lanes, unreadable, linked = _lane_spans(batches, lane_names)
         if unreadable:
             problems.append(f"{unreadable} stored span batch(es) of this run could not be read and were left out")
         return RunRows(
@@ -841,6 +845,7 @@ class Store:
             processes=procs,
             lanes=lanes,
             unreadable=unreadable,
+            linked_lanes=frozenset(linked),
         )
 
     def save_view(self, run_id: str, kind: str, version: int, body: bytes) -> bool:
@@ -926,11 +931,16 @@ class Store:
         return ids
 
 
-def _lane_spans(batches: list[tuple[Any, ...]], lane_names: dict[int, str]) -> tuple[dict[str, list[SpanTuple]], int]:
+def _lane_spans(
+    batches: list[tuple[Any, ...]], lane_names: dict[int, str]
+) -> tuple[dict[str, list[SpanTuple]], int, set[str]]:
     """The run's batches (lanes.id, traces.id, body; in arrival order) as each lane's spans, every
     span once: a later copy of a span is merged into the first one, where it stands
-    (`_merge_copy`). Returns the lanes and how many batches could not be read."""
+    (`_merge_copy`). Returns the lanes, how many batches could not be read, and the lanes with a
+    batch that holds the bytes of `starttrace.launched_by` (a blob keeps each span's attribute
+    bytes or text as they are: one search per blob, not one per span)."""
     lanes: dict[str, list[SpanTuple]] = {}
+    linked: set[str] = set()
     seen: dict[int, dict[str, tuple[list[SpanTuple], int]]] = {}  # trace -> span id -> (lane, index)
     unreadable = 0
     for lane_ref, trace_ref, body in batches:
@@ -946,6 +956,8 @@ def _lane_spans(batches: list[tuple[Any, ...]], lane_names: dict[int, str]) -> t
         out = lanes.get(lane_id)
         if out is None:
             out = lanes[lane_id] = []
+        if _LAUNCHED_BY_B in body:
+            linked.add(lane_id)
         firsts = dict.fromkeys([s[1] for s in spans])
         if len(firsts) == len(spans) and keys.keys().isdisjoint(firsts):  # all new: no Python loop per span
             at, n = len(out), len(spans)
@@ -962,7 +974,7 @@ def _lane_spans(batches: list[tuple[Any, ...]], lane_names: dict[int, str]) -> t
                 merged = _merge_copy(chunk[i], sp)
                 if merged is not None:
                     chunk[i] = merged
-    return lanes, unreadable
+    return lanes, unreadable, linked
 
 
 def run_from_rows(rows: RunRows) -> Run:
@@ -970,10 +982,12 @@ def run_from_rows(rows: RunRows) -> Run:
     the run) are kept apart, as the journal reader does; a `starttrace.launched_by` attribute is
     also a link."""
     by_lane: dict[str, list[Span]] = {}
-    marker, text_marker = b"starttrace.launched_by", '"starttrace.launched_by"'
+    marker, text_marker = _LAUNCHED_BY_B, '"starttrace.launched_by"'
+    linked_lanes = rows.linked_lanes
     for lane_id, lane_rows in rows.lanes.items():
         spans = by_lane[lane_id] = []
         append = spans.append
+        linked = linked_lanes is None or lane_id in linked_lanes
         for r in lane_rows:  # SpanTuple
             raw = r[8]
             if type(raw) is bytes and raw:
@@ -986,7 +1000,7 @@ def run_from_rows(rows: RunRows) -> Run:
                 bool(r[7]), in_progress,
             )  # fmt: skip
             # no attribute lookup for most spans
-            if raw and (marker in raw if isinstance(raw, bytes) else text_marker in raw):
+            if linked and raw and (marker in raw if isinstance(raw, bytes) else text_marker in raw):
                 launched_by = attrs.get("starttrace.launched_by")
                 if isinstance(launched_by, str) and launched_by:
                     span.links.append(Link(launched_by, attrs={"starttrace.link": "launched_by"}))

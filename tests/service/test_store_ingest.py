@@ -195,3 +195,38 @@ def test_idle_checkpoint(tmp_path: Path) -> None:
     assert st._unchecked_spans == 0  # checkpointed once ingest went idle
     assert st.count_spans("r") == 1
     st.close()
+
+
+def test_launched_by_links_found_per_lane(tmp_path: Path) -> None:
+    """`starttrace.launched_by` becomes a link wherever it is, whether the attributes are JSON text
+    or OTLP bytes; the store searches each stored batch once, and only the spans of lanes whose
+    batches hold the key are looked at (`RunRows.linked_lanes`)."""
+    from starttrace.sources.store import run_from_rows
+
+    st = Store(tmp_path / "s.db")
+
+    def lane(name: str, spans: list[SpanTuple]) -> ProcessBatch:
+        res = {"starttrace.run_id": "r", "service.instance.id": name}
+        return ProcessBatch(source="otlp", resource=res, spans=spans)
+
+    child = [_span(1, 2000, attrs={"starttrace.launched_by": "00000000000000aa"}), _span(2, 2000)]
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    for key, value in (("starttrace.run_id", "r"), ("service.instance.id", "proto")):
+        rs.resource.attributes.add(key=key).value.string_value = value
+    sp = rs.scope_spans.add().spans.add(
+        trace_id=b"\xab" * 16, span_id=b"\0" * 7 + b"\x09", name="p", start_time_unix_nano=5, end_time_unix_nano=9
+    )
+    sp.attributes.add(key="starttrace.launched_by").value.string_value = "00000000000000bb"
+    st.ingest_now(IngestBatch(processes=[lane("child", child), lane("other", [_span(3, 2000)])]))
+    st.ingest_now(decode(req.SerializeToString()).batch)
+    rows = st.load_rows("r")
+    assert rows is not None and rows.linked_lanes == {"child", "proto"}
+    links = {s.span_id: [lk.span_id for lk in s.links] for p in run_from_rows(rows).processes for s in p.spans}
+    assert links == {
+        f"{1:016x}": ["00000000000000aa"],
+        f"{2:016x}": [],
+        f"{3:016x}": [],
+        "0000000000000009": ["00000000000000bb"],
+    }
+    st.close()

@@ -9,6 +9,7 @@ import pytest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from starttrace.run import hot_values
 from starttrace.sources.lazy_attrs import HOT_KEYS, LazyAttrs
 from starttrace.sources.otlp import span_attrs
 
@@ -56,3 +57,20 @@ def test_hot_keys_need_no_decode() -> None:
     assert lazy.get("absent") is None
     assert not lazy.decoded
     assert LazyAttrs(CASES["repeated"], span_attrs).get(PHASE) == "b"  # the last one wins: decoded
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_hot_values_in_one_call_match_the_decoded_list(name: str) -> None:
+    """`run.hot_values` (what build_model asks of every span): one `LazyAttrs.hot()` call, before or
+    after other reads, and on a plain dict, answers `get` of each key of the decoded list."""
+    raw = CASES[name]
+    full = span_attrs(raw)
+    want = tuple(full.get(key) for key in HOT_KEYS)
+    assert hot_values(full) == want
+    for first in (None, *HOT_KEYS, "other"):
+        lazy = LazyAttrs(raw, span_attrs)
+        if first is not None:
+            lazy.get(first)
+        assert hot_values(lazy) == want, (name, first)
+        assert hot_values(lazy) == want  # asked again: the same, from what was read
+        assert lazy == full
