@@ -10,10 +10,22 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from starttrace.run import hot_values
+from starttrace.sources import lazy_attrs
 from starttrace.sources.lazy_attrs import HOT_KEYS, LazyAttrs
 from starttrace.sources.otlp import span_attrs
 
 PHASE, MODULE, SELF_US = HOT_KEYS
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with the C common case (`_hotpath.peek_attrs`) and with the Python one."""
+    if request.param == "c":
+        if lazy_attrs.c_peek_attrs is None:
+            pytest.skip("starttrace._hotpath is not built here (no C compiler at install)")
+    else:
+        monkeypatch.setattr(lazy_attrs, "c_peek_attrs", None)
+    return str(request.param)
 
 
 def _raw(*kvs: KeyValue, event: KeyValue | None = None) -> bytes:
@@ -74,3 +86,36 @@ def test_hot_values_in_one_call_match_the_decoded_list(name: str) -> None:
         assert hot_values(lazy) == want, (name, first)
         assert hot_values(lazy) == want  # asked again: the same, from what was read
         assert lazy == full
+
+
+def test_c_common_case_matches_python_on_damaged_bytes(implementation: str) -> None:
+    """`_hotpath.peek_attrs` reads stored bytes in C: on every truncation and on random byte
+    changes of each case (invalid UTF-8 included), it finds what the Python code finds."""
+    if implementation == "python":
+        pytest.skip("compares the C code with the Python code: runs once, as the 'c' case")
+    import random
+
+    def both(raw: bytes) -> tuple[dict[str, object], dict[str, object]]:
+        c_side: dict[str, object] = {}
+        lazy_attrs.peek_hot(raw, c_side)
+        py_side: dict[str, object] = {}
+        saved, lazy_attrs.c_peek_attrs = lazy_attrs.c_peek_attrs, None
+        try:
+            lazy_attrs.peek_hot(raw, py_side)
+        finally:
+            lazy_attrs.c_peek_attrs = saved
+        return c_side, py_side
+
+    bad_utf8 = CASES["strings"].replace(b"import", b"\xff\xfeport")
+    c_side, py_side = both(bad_utf8)
+    assert c_side == py_side and PHASE not in c_side  # left out: decoding the list reports it
+    rng = random.Random(7)
+    for raw in [*CASES.values(), bad_utf8]:
+        for cut in range(len(raw) + 1):
+            c_side, py_side = both(raw[:cut])
+            assert c_side == py_side, (raw, cut)
+        for _ in range(300):
+            damaged = bytearray(raw)
+            damaged[rng.randrange(len(raw))] = rng.randrange(256)
+            c_side, py_side = both(bytes(damaged))
+            assert c_side == py_side, bytes(damaged)
