@@ -611,19 +611,25 @@ static PyTypeObject ImportHookType = {
    one that occurs once, as a short string value of a top-level `Span.attributes` entry, is that
    string; anything else is `unknown` (the Python code reads it, or decodes the whole list). */
 
+/* The first occurrence of pat (m bytes) in hay[from:n], or -1. Scans for the pattern's second
+   byte (the key's length: rare in span bytes; the first, a 0x0A tag, is everywhere). */
 static Py_ssize_t
 find_from(const unsigned char *hay, Py_ssize_t n, Py_ssize_t from, const unsigned char *pat, Py_ssize_t m)
 {
-    Py_ssize_t last = n - m;
-    Py_ssize_t i = from;
-    while (m > 0 && i <= last) {
-        const unsigned char *hit = memchr(hay + i, pat[0], (size_t)(last - i + 1));
+    if (m < 2) {
+        const unsigned char *hit = m == 1 && from < n ? memchr(hay + from, pat[0], (size_t)(n - from)) : NULL;
+        return hit == NULL ? -1 : hit - hay;
+    }
+    Py_ssize_t last = n - m; /* the last place the pattern can start */
+    Py_ssize_t i = from + 1; /* where its second byte is looked for */
+    while (i <= last + 1) {
+        const unsigned char *hit = memchr(hay + i, pat[1], (size_t)(last + 1 - i + 1));
         if (hit == NULL) {
             return -1;
         }
         i = hit - hay;
-        if (memcmp(hit + 1, pat + 1, (size_t)(m - 1)) == 0) {
-            return i;
+        if (hay[i - 1] == pat[0] && memcmp(hit + 1, pat + 2, (size_t)(m - 2)) == 0) {
+            return i - 1;
         }
         i++;
     }
