@@ -255,19 +255,25 @@ def _lane_facts(lane: Lane, run_ready: int | None, t_eff: int) -> None:
     if lane.ready_ns is not None and lane.ready_ns >= start:
         end = min(end, lane.ready_ns) if proc is not None and not proc.in_progress else lane.ready_ns
     lane.start, lane.end = start, max(start, end)
-    # phases
+    # phases, and the work's intervals within the window (one loop: it runs for every span)
     by_phase: dict[str, list[tuple[int, int]]] = {}
+    clipped: list[tuple[int, int]] = []
+    low, high = lane.start, lane.end
     for n in work:
         if n.instant:
             continue
-        by_phase.setdefault(n.phase, []).append((n.start, n.eff_end))
+        s, e = n.start, n.eff_end
+        intervals = by_phase.get(n.phase)
+        if intervals is None:
+            by_phase[n.phase] = [(s, e)]
+        else:
+            intervals.append((s, e))
+        if e > low:
+            clipped.append((s if s > low else low, e if e < high else high))
     lane.phases = {ph: union_ns(iv) for ph, iv in by_phase.items()}
     lane.import_ns = lane.phases.get("import", 0)
     # coverage and gaps
-    covered = merge_intervals(
-        (max(n.start, lane.start), min(n.eff_end, lane.end)) for n in work if not n.instant and n.eff_end > lane.start
-    )
-    covered = [(s, e) for s, e in covered if e > s]
+    covered = [(s, e) for s, e in merge_intervals(clipped) if e > s]
     window = lane.end - lane.start
     covered_ns = sum(e - s for s, e in covered)
     lane.coverage = (covered_ns / window) if window > 0 else None
@@ -301,7 +307,12 @@ def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str
             a = acc[mod] = [0, 0, set(), 0]
         a[0] += n.duration
         us = n.self_us
-        a[1] += self_ns(n) if us is None else int(us * 1000)
+        if us is not None:
+            a[1] += int(us * 1000)
+        elif n.children:
+            a[1] += self_ns(n)
+        else:
+            a[1] += n.duration  # self_ns of a span without children
         a[2].add(n.lane)
         a[3] += 1
     # the top `limit` picked before any row is built: a run has thousands of distinct modules
