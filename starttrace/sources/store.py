@@ -845,7 +845,7 @@ class Store:
             processes=procs,
             lanes=lanes,
             unreadable=unreadable,
-            linked_lanes=frozenset(linked),
+            linked_lanes=None if linked is None else frozenset(linked),
         )
 
     def save_view(self, run_id: str, kind: str, version: int, body: bytes) -> bool:
@@ -933,14 +933,16 @@ class Store:
 
 def _lane_spans(
     batches: list[tuple[Any, ...]], lane_names: dict[int, str]
-) -> tuple[dict[str, list[SpanTuple]], int, set[str]]:
+) -> tuple[dict[str, list[SpanTuple]], int, set[str] | None]:
     """The run's batches (lanes.id, traces.id, body; in arrival order) as each lane's spans, every
     span once: a later copy of a span is merged into the first one, where it stands
     (`_merge_copy`). Returns the lanes, how many batches could not be read, and the lanes with a
     batch that holds the bytes of `starttrace.launched_by` (a blob keeps each span's attribute
-    bytes or text as they are: one search per blob, not one per span)."""
+    bytes or text as they are: one search per blob, not one per span; None: any lane may, when
+    such a batch's copy of a span was merged into another lane's)."""
     lanes: dict[str, list[SpanTuple]] = {}
     linked: set[str] = set()
+    any_linked = False
     seen: dict[int, dict[str, tuple[list[SpanTuple], int]]] = {}  # trace -> span id -> (lane, index)
     unreadable = 0
     for lane_ref, trace_ref, body in batches:
@@ -956,7 +958,8 @@ def _lane_spans(
         out = lanes.get(lane_id)
         if out is None:
             out = lanes[lane_id] = []
-        if _LAUNCHED_BY_B in body:
+        marked = _LAUNCHED_BY_B in body
+        if marked:
             linked.add(lane_id)
         firsts = dict.fromkeys([s[1] for s in spans])
         if len(firsts) == len(spans) and keys.keys().isdisjoint(firsts):  # all new: no Python loop per span
@@ -974,7 +977,9 @@ def _lane_spans(
                 merged = _merge_copy(chunk[i], sp)
                 if merged is not None:
                     chunk[i] = merged
-    return lanes, unreadable, linked
+                    if marked and chunk is not out:
+                        any_linked = True  # a copy from another lane's batch: every lane is searched
+    return lanes, unreadable, None if any_linked else linked
 
 
 def run_from_rows(rows: RunRows) -> Run:

@@ -230,3 +230,26 @@ def test_launched_by_links_found_per_lane(tmp_path: Path) -> None:
         "0000000000000009": ["00000000000000bb"],
     }
     st.close()
+
+
+def test_launched_by_in_a_copy_from_another_lane(tmp_path: Path) -> None:
+    """A span first stored in progress in one lane, then ended in another lane's batch with a
+    `starttrace.launched_by`: the merged span keeps its first place and gets the link (every lane is
+    searched then, `linked_lanes` None)."""
+    from starttrace.sources.store import run_from_rows
+
+    st = Store(tmp_path / "s.db")
+
+    def lane(name: str, spans: list[SpanTuple]) -> IngestBatch:
+        res = {"starttrace.run_id": "r", "service.instance.id": name}
+        return IngestBatch(processes=[ProcessBatch(source="otlp", resource=res, spans=spans)])
+
+    st.ingest_now(lane("first", [_span(1, 2000, in_progress=True)]))
+    st.ingest_now(lane("later", [_span(1, 3000, attrs={"starttrace.launched_by": "00000000000000aa"})]))
+    rows = st.load_rows("r")
+    assert rows is not None and rows.linked_lanes is None
+    spans = {p.instance_id: p.spans for p in run_from_rows(rows).processes}
+    assert [(s.span_id, s.end_ns, [lk.span_id for lk in s.links]) for s in spans["first"]] == [
+        (f"{1:016x}", 3000, ["00000000000000aa"])
+    ]
+    st.close()
