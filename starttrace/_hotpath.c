@@ -611,15 +611,11 @@ static PyTypeObject ImportHookType = {
    one that occurs once, as a short string value of a top-level `Span.attributes` entry, is that
    string; anything else is `unknown` (the Python code reads it, or decodes the whole list). */
 
-/* The first occurrence of pat (m bytes) in hay[from:n], or -1. Scans for the pattern's second
+/* The first occurrence of pat (m >= 2 bytes) in hay[from:n], or -1. Scans for the pattern's second
    byte (the key's length: rare in span bytes; the first, a 0x0A tag, is everywhere). */
 static Py_ssize_t
 find_from(const unsigned char *hay, Py_ssize_t n, Py_ssize_t from, const unsigned char *pat, Py_ssize_t m)
 {
-    if (m < 2) {
-        const unsigned char *hit = m == 1 && from < n ? memchr(hay + from, pat[0], (size_t)(n - from)) : NULL;
-        return hit == NULL ? -1 : hit - hay;
-    }
     Py_ssize_t last = n - m; /* the last place the pattern can start */
     Py_ssize_t i = from + 1; /* where its second byte is looked for */
     while (i <= last + 1) {
@@ -654,8 +650,8 @@ peek_attrs(PyObject *module, PyObject *args)
     }
     for (Py_ssize_t k = 0; k < count; k++) {
         PyObject *p = PyTuple_GET_ITEM(patterns, k);
-        if (!PyBytes_Check(p) || PyBytes_GET_SIZE(p) == 0) {
-            PyErr_SetString(PyExc_TypeError, "peek_attrs: patterns must be non-empty bytes");
+        if (!PyBytes_Check(p) || PyBytes_GET_SIZE(p) < 2) {
+            PyErr_SetString(PyExc_TypeError, "peek_attrs: patterns must be bytes of two or more");
             Py_DECREF(out);
             PyBuffer_Release(&raw);
             return NULL;

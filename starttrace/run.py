@@ -30,12 +30,10 @@ HOT_KEYS = ("starttrace.phase", "starttrace.import.module", "starttrace.import.s
 def hot_values(attrs: dict[str, Any]) -> tuple[Any, Any, Any]:
     """`attrs.get` of each of HOT_KEYS (None where absent). A source's own attribute mapping may
     answer them in one call, with a `hot()` method (`sources.lazy_attrs.LazyAttrs`)."""
-    if type(attrs) is dict:
-        get = attrs.get
-        return get(HOT_KEYS[0]), get(HOT_KEYS[1]), get(HOT_KEYS[2])
-    hot = getattr(attrs, "hot", None)
-    if hot is not None:
-        return hot()  # type: ignore[no-any-return]
+    if type(attrs) is not dict:
+        hot = getattr(attrs, "hot", None)
+        if hot is not None:
+            return hot()  # type: ignore[no-any-return]
     get = attrs.get
     return get(HOT_KEYS[0]), get(HOT_KEYS[1]), get(HOT_KEYS[2])
 

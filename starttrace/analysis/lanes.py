@@ -306,13 +306,7 @@ def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str
         if a is None:
             a = acc[mod] = [0, 0, set(), 0]
         a[0] += n.duration
-        us = n.self_us
-        if us is not None:
-            a[1] += int(us * 1000)
-        elif n.children:
-            a[1] += self_ns(n)
-        else:
-            a[1] += n.duration  # self_ns of a span without children
+        a[1] += self_ns(n)
         a[2].add(n.lane)
         a[3] += 1
     # the top `limit` picked before any row is built: a run has thousands of distinct modules

@@ -220,7 +220,9 @@ class LazyAttrs(dict):  # type: ignore[type-arg]
         peeked = self._peeked
         raw = self._raw
         if not peeked and peeked is not None and c_peek_attrs is not None and type(raw) is bytes:
-            a, b, c = c_peek_attrs(raw, _HOT_PATTERNS, _MISSING, _UNKNOWN)  # the common case: nothing read yet
+            # the common case (nothing read yet) straight from C: through `peek_hot` and the dict it
+            # fills, ~6,000 instructions more per span, a tenth of the model build
+            a, b, c = c_peek_attrs(raw, _HOT_PATTERNS, _MISSING, _UNKNOWN)
             if a is not _UNKNOWN and b is not _UNKNOWN and c is not _UNKNOWN:
                 self._peeked = {_K0: a, _K1: b, _K2: c}
                 return (None if a is _MISSING else a), (None if b is _MISSING else b), (None if c is _MISSING else c)
