@@ -14,13 +14,15 @@
      needs escaping, a full segment) to the probe's own Python helpers. The records are
      byte-for-byte those of the Python wrapper (tests/integration/test_hotpath.py).
 
-   - peek_attrs: not for the traced program but for the service's model build (see there).
+   - peek_attrs, span_nodes, link_tree: not for the traced program but for the service's model
+     build (see there).
 
    Built by hatch_build.py when the package is installed; without a C compiler the package is
    pure Python and nothing changes but the cost. STARTTRACE_PURE_PYTHON=1 ignores this module. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stddef.h>
 #include <string.h>
 #include <time.h>
@@ -632,6 +634,50 @@ find_from(const unsigned char *hay, Py_ssize_t n, Py_ssize_t from, const unsigne
     return -1;
 }
 
+/* One pattern's value in b[0:n]: a new reference to the string, or to missing or unknown; NULL
+   with an exception set only for an error other than invalid UTF-8. */
+static PyObject *
+peek_one(const unsigned char *b, Py_ssize_t n, const unsigned char *pat, Py_ssize_t plen, PyObject *missing,
+         PyObject *unknown)
+{
+    Py_ssize_t at = find_from(b, n, 0, pat, plen);
+    if (at < 0) {
+        Py_INCREF(missing);
+        return missing;
+    }
+    if (find_from(b, n, at + 1, pat, plen) < 0 && at + plen < n) {
+        /* J <kv len> | pattern | <value len> 0x0A <string len> <string>, every length one byte */
+        Py_ssize_t pos = at + plen;
+        Py_ssize_t size = b[pos];
+        if (size >= 2 && size < 0x80 && pos + 1 + size <= n && at >= 2 && b[at - 2] == 0x4A &&
+            (Py_ssize_t)b[at - 1] == plen + 1 + size && b[pos + 1] == 0x0A && (Py_ssize_t)b[pos + 2] == size - 2) {
+            PyObject *text = PyUnicode_DecodeUTF8((const char *)b + pos + 3, size - 2, NULL);
+            if (text != NULL) {
+                return text;
+            }
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                return NULL;
+            }
+            PyErr_Clear(); /* unknown: the Python code finds it cannot be read either */
+        }
+    }
+    Py_INCREF(unknown);
+    return unknown;
+}
+
+static int
+check_patterns(PyObject *patterns)
+{
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(patterns); k++) {
+        PyObject *p = PyTuple_GET_ITEM(patterns, k);
+        if (!PyBytes_Check(p) || PyBytes_GET_SIZE(p) < 2) {
+            PyErr_SetString(PyExc_TypeError, "peek_attrs: patterns must be bytes of two or more");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static PyObject *
 peek_attrs(PyObject *module, PyObject *args)
 {
@@ -640,57 +686,924 @@ peek_attrs(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*O!OO:peek_attrs", &raw, &PyTuple_Type, &patterns, &missing, &unknown)) {
         return NULL;
     }
-    const unsigned char *b = raw.buf;
-    Py_ssize_t n = raw.len;
-    Py_ssize_t count = PyTuple_GET_SIZE(patterns);
-    PyObject *out = PyTuple_New(count);
-    if (out == NULL) {
+    PyObject *out = NULL;
+    if (check_patterns(patterns) < 0 || (out = PyTuple_New(PyTuple_GET_SIZE(patterns))) == NULL) {
         PyBuffer_Release(&raw);
         return NULL;
     }
-    for (Py_ssize_t k = 0; k < count; k++) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(patterns); k++) {
         PyObject *p = PyTuple_GET_ITEM(patterns, k);
-        if (!PyBytes_Check(p) || PyBytes_GET_SIZE(p) < 2) {
-            PyErr_SetString(PyExc_TypeError, "peek_attrs: patterns must be bytes of two or more");
+        PyObject *value = peek_one(raw.buf, raw.len, (const unsigned char *)PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p),
+                                   missing, unknown);
+        if (value == NULL) {
             Py_DECREF(out);
             PyBuffer_Release(&raw);
             return NULL;
         }
-        const unsigned char *pat = (const unsigned char *)PyBytes_AS_STRING(p);
-        Py_ssize_t plen = PyBytes_GET_SIZE(p);
-        PyObject *value = unknown;
-        Py_ssize_t at = find_from(b, n, 0, pat, plen);
-        if (at < 0) {
-            value = missing;
-        } else if (find_from(b, n, at + 1, pat, plen) < 0 && at + plen < n) {
-            /* J <kv len> | pattern | <value len> 0x0A <string len> <string>, every length one byte */
-            Py_ssize_t pos = at + plen;
-            Py_ssize_t size = b[pos];
-            if (size >= 2 && size < 0x80 && pos + 1 + size <= n && at >= 2 && b[at - 2] == 0x4A &&
-                (Py_ssize_t)b[at - 1] == plen + 1 + size && b[pos + 1] == 0x0A && (Py_ssize_t)b[pos + 2] == size - 2) {
-                PyObject *text = PyUnicode_DecodeUTF8((const char *)b + pos + 3, size - 2, NULL);
-                if (text != NULL) {
-                    PyTuple_SET_ITEM(out, k, text);
-                    continue;
-                }
-                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-                    Py_DECREF(out);
-                    PyBuffer_Release(&raw);
-                    return NULL;
-                }
-                PyErr_Clear(); /* unknown: the Python code finds it cannot be read either */
-            }
-        }
-        Py_INCREF(value);
         PyTuple_SET_ITEM(out, k, value);
     }
     PyBuffer_Release(&raw);
     return out;
 }
 
+/* ---- span_nodes, link_tree: the service's model build -------------------------------------- */
+
+/* `analysis.lanes._span_nodes` and `_link_tree`, the two passes of the model build that touch every
+   span's fields one by one (in Python ~21,000 instructions per span, a third of the build). The
+   Python functions stay the reference and the fallback; these do the same, step for step
+   (tests/unit/test_span_nodes_c.py builds every model both ways and compares them). SpanNode's
+   fields are written straight into its slots, at the offsets its member descriptors name. */
+
+enum {
+    N_ATTRS, N_CHILDREN, N_DEPTH, N_END, N_ERROR, N_ID, N_IMPORTS, N_IN_PROGRESS, N_INSTANT, N_LANE, N_MODULE,
+    N_NAME, N_PARENT, N_PARENT_NODE, N_PHASE, N_POS, N_SELF_US, N_START, N_THREAD, N_SLOTS
+};
+static const char *const NODE_SLOT_NAMES[N_SLOTS] = {
+    "attrs", "children", "depth", "end", "error", "id", "imports", "in_progress", "instant", "lane", "module",
+    "name", "parent", "parent_node", "phase", "pos", "self_us", "start", "thread",
+};
+enum { S_SPAN_ID, S_PARENT_ID, S_NAME, S_START_NS, S_END_NS, S_ATTRS, S_ERROR, S_THREAD, S_INSTANT, S_IN_PROGRESS, S_FIELDS };
+static const char *const SPAN_FIELD_NAMES[S_FIELDS] = {
+    "span_id", "parent_id", "name", "start_ns", "end_ns", "attrs", "error", "thread", "instant", "in_progress",
+};
+static PyObject *span_fields[S_FIELDS];
+static PyObject *str_import, *str_preload_phase, *str_other, *str_import_prefix, *str_preload_prefix;
+
+/* The offset of slot `name` of `type` (a T_OBJECT_EX member descriptor of it or a base), or -1. */
+static Py_ssize_t
+slot_offset(PyTypeObject *type, const char *name)
+{
+    PyObject *descr = PyObject_GetAttrString((PyObject *)type, name);
+    if (descr == NULL) {
+        return -1;
+    }
+    Py_ssize_t offset = -1;
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDescrObject *member = (PyMemberDescrObject *)descr;
+        if (member->d_member->type == T_OBJECT_EX && !(member->d_member->flags & READONLY) &&
+            PyType_IsSubtype(type, PyDescr_TYPE(member))) {
+            offset = member->d_member->offset;
+        }
+    }
+    Py_DECREF(descr);
+    if (offset < 0) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, name);
+    }
+    return offset;
+}
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+/* Store a new reference (stolen) into a slot. */
+static inline void
+slot_set(PyObject *obj, Py_ssize_t offset, PyObject *value)
+{
+    PyObject *old = SLOT(obj, offset);
+    SLOT(obj, offset) = value;
+    Py_XDECREF(old);
+}
+
+static inline void
+slot_set_borrowed(PyObject *obj, Py_ssize_t offset, PyObject *value)
+{
+    Py_INCREF(value);
+    slot_set(obj, offset, value);
+}
+
+typedef struct {
+    PyTypeObject *node_type;
+    Py_ssize_t off[N_SLOTS];
+    PyTypeObject *span_type; /* run.Span: its fields read from its slots */
+    Py_ssize_t span_off[S_FIELDS];
+    PyTypeObject *lazy_type; /* LazyAttrs */
+    Py_ssize_t lazy_peeked, lazy_raw;
+    PyObject *patterns, *keys, *missing, *unknown, *name_phases, *hot_values;
+} NodeBuild;
+
+static int
+node_build_init(NodeBuild *nb, PyObject *node_type, PyObject *span_type, PyObject *lazy_type)
+{
+    if (!PyType_Check(node_type) || !PyType_Check(span_type) || (lazy_type != Py_None && !PyType_Check(lazy_type))) {
+        PyErr_SetString(PyExc_TypeError, "span_nodes: node_type, span_type and lazy_type must be types");
+        return -1;
+    }
+    nb->span_type = (PyTypeObject *)span_type;
+    for (int k = 0; k < S_FIELDS; k++) {
+        if ((nb->span_off[k] = slot_offset(nb->span_type, SPAN_FIELD_NAMES[k])) < 0) {
+            return -1;
+        }
+    }
+    nb->node_type = (PyTypeObject *)node_type;
+    for (int k = 0; k < N_SLOTS; k++) {
+        if ((nb->off[k] = slot_offset(nb->node_type, NODE_SLOT_NAMES[k])) < 0) {
+            return -1;
+        }
+    }
+    nb->lazy_type = NULL;
+    if (lazy_type == Py_None) {
+        return 0;
+    }
+    nb->lazy_type = (PyTypeObject *)lazy_type;
+    if ((nb->lazy_peeked = slot_offset(nb->lazy_type, "_peeked")) < 0 ||
+        (nb->lazy_raw = slot_offset(nb->lazy_type, "_raw")) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* The three hot values of `attrs` (new references into out[3]), as `run.hot_values` answers them. */
+static int
+hot_of(NodeBuild *nb, PyObject *attrs, PyObject **out)
+{
+    if (PyDict_CheckExact(attrs)) {
+        for (int k = 0; k < 3; k++) {
+            PyObject *v = PyDict_GetItemWithError(attrs, PyTuple_GET_ITEM(nb->keys, k));
+            if (v == NULL && PyErr_Occurred()) {
+                for (int j = 0; j < k; j++) {
+                    Py_CLEAR(out[j]);
+                }
+                return -1;
+            }
+            out[k] = v == NULL ? Py_None : v;
+            Py_INCREF(out[k]);
+        }
+        return 0;
+    }
+    if (nb->lazy_type != NULL && Py_IS_TYPE(attrs, nb->lazy_type)) {
+        /* LazyAttrs.hot's common case: nothing read yet, protobuf bytes */
+        PyObject *peeked = SLOT(attrs, nb->lazy_peeked);
+        PyObject *raw = SLOT(attrs, nb->lazy_raw);
+        if (peeked != NULL && PyDict_CheckExact(peeked) && PyDict_GET_SIZE(peeked) == 0 && raw != NULL &&
+            PyBytes_CheckExact(raw)) {
+            PyObject *v[3] = {NULL, NULL, NULL};
+            int known = 1;
+            for (int k = 0; k < 3; k++) {
+                PyObject *p = PyTuple_GET_ITEM(nb->patterns, k);
+                v[k] = peek_one((const unsigned char *)PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw),
+                                (const unsigned char *)PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), nb->missing,
+                                nb->unknown);
+                if (v[k] == NULL) {
+                    Py_XDECREF(v[0]);
+                    Py_XDECREF(v[1]);
+                    return -1;
+                }
+                known &= v[k] != nb->unknown;
+            }
+            if (known) {
+                PyObject *fresh = PyDict_New();
+                if (fresh == NULL) {
+                    goto fail;
+                }
+                for (int k = 0; k < 3; k++) {
+                    if (PyDict_SetItem(fresh, PyTuple_GET_ITEM(nb->keys, k), v[k]) < 0) {
+                        Py_DECREF(fresh);
+                        goto fail;
+                    }
+                }
+                slot_set(attrs, nb->lazy_peeked, fresh);
+                for (int k = 0; k < 3; k++) {
+                    if (v[k] == nb->missing) {
+                        Py_DECREF(v[k]);
+                        Py_INCREF(Py_None);
+                        v[k] = Py_None;
+                    }
+                    out[k] = v[k];
+                }
+                return 0;
+            }
+            for (int k = 0; k < 3; k++) {
+                Py_DECREF(v[k]);
+            }
+            goto python;
+        fail:
+            for (int k = 0; k < 3; k++) {
+                Py_DECREF(v[k]);
+            }
+            return -1;
+        }
+    }
+python: {
+    PyObject *got = PyObject_CallOneArg(nb->hot_values, attrs);
+    if (got == NULL) {
+        return -1;
+    }
+    if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 3) {
+        Py_DECREF(got);
+        PyErr_SetString(PyExc_TypeError, "hot_values must return a tuple of three");
+        return -1;
+    }
+    for (int k = 0; k < 3; k++) {
+        out[k] = PyTuple_GET_ITEM(got, k);
+        Py_INCREF(out[k]);
+    }
+    Py_DECREF(got);
+    return 0;
+}
+}
+
+/* `analysis.phases.phase_by_name` of a str (new reference). */
+static PyObject *
+phase_by_name_c(NodeBuild *nb, PyObject *name)
+{
+    PyObject *known = PyDict_GetItemWithError(nb->name_phases, name);
+    if (known == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (known != NULL) {
+        int truth = PyObject_IsTrue(known);
+        if (truth < 0) {
+            return NULL;
+        }
+        if (truth) {
+            Py_INCREF(known);
+            return known;
+        }
+    }
+    PyObject *phase = str_other;
+    if (PyUnicode_Tailmatch(name, str_import_prefix, 0, PY_SSIZE_T_MAX, -1) == 1) {
+        phase = str_import;
+    } else if (PyUnicode_Tailmatch(name, str_preload_prefix, 0, PY_SSIZE_T_MAX, -1) == 1) {
+        phase = str_preload_phase;
+    }
+    Py_INCREF(phase);
+    return phase;
+}
+
+/* One SpanNode of `span` on `lane` (a new reference), or NULL. */
+static PyObject *
+make_node(NodeBuild *nb, PyObject *span, PyObject *lane)
+{
+    PyObject *f[S_FIELDS] = {NULL};
+    PyObject *node = NULL, *hot[3] = {NULL, NULL, NULL};
+    int exact = Py_IS_TYPE(span, nb->span_type);
+    for (int k = 0; k < S_FIELDS; k++) {
+        if (exact) {
+            if ((f[k] = SLOT(span, nb->span_off[k])) == NULL) {
+                PyErr_SetString(PyExc_AttributeError, SPAN_FIELD_NAMES[k]);
+                goto done;
+            }
+            Py_INCREF(f[k]);
+        } else if ((f[k] = PyObject_GetAttr(span, span_fields[k])) == NULL) {
+            goto done;
+        }
+    }
+    PyObject *name = f[S_NAME];
+    if (!PyUnicode_Check(name)) {
+        PyErr_SetString(PyExc_TypeError, "span_nodes: a span's name must be a str");
+        goto done;
+    }
+    node = nb->node_type->tp_alloc(nb->node_type, 0);
+    if (node == NULL) {
+        goto done;
+    }
+    const Py_ssize_t *off = nb->off;
+    PyObject *children = PyList_New(0);
+    if (children == NULL) {
+        Py_CLEAR(node);
+        goto done;
+    }
+    slot_set(node, off[N_CHILDREN], children);
+    slot_set_borrowed(node, off[N_PARENT_NODE], Py_None);
+    slot_set_borrowed(node, off[N_IMPORTS], Py_None);
+    slot_set(node, off[N_DEPTH], PyLong_FromLong(0)); /* small ints: cannot fail */
+    slot_set(node, off[N_POS], PyLong_FromLong(0));
+    slot_set_borrowed(node, off[N_SELF_US], Py_None);
+    slot_set_borrowed(node, off[N_ID], f[S_SPAN_ID]);
+    slot_set_borrowed(node, off[N_PARENT], f[S_PARENT_ID]);
+    slot_set_borrowed(node, off[N_NAME], name);
+    PyObject *attrs = f[S_ATTRS];
+    if (attrs == Py_None) {
+        attrs = PyDict_New(); /* not `or`: keeps lazily decoded attrs undecoded */
+        if (attrs == NULL) {
+            Py_CLEAR(node);
+            goto done;
+        }
+        slot_set(node, off[N_ATTRS], attrs);
+    } else {
+        slot_set_borrowed(node, off[N_ATTRS], attrs);
+    }
+    if (hot_of(nb, attrs, hot) < 0) {
+        Py_CLEAR(node);
+        goto done;
+    }
+    PyObject *phase = hot[0];
+    if (PyUnicode_CheckExact(phase) && PyUnicode_GET_LENGTH(phase) > 0) {
+        slot_set_borrowed(node, off[N_PHASE], phase);
+    } else {
+        PyObject *by_name = phase_by_name_c(nb, name);
+        if (by_name == NULL) {
+            Py_CLEAR(node);
+            goto done;
+        }
+        slot_set(node, off[N_PHASE], by_name);
+    }
+    PyObject *mod = hot[1];
+    if (PyUnicode_Check(mod)) {
+        slot_set_borrowed(node, off[N_MODULE], mod);
+    } else if (PyUnicode_Tailmatch(name, str_import_prefix, 0, PY_SSIZE_T_MAX, -1) == 1) {
+        PyObject *tail = PyUnicode_Substring(name, 7, PyUnicode_GET_LENGTH(name));
+        if (tail == NULL) {
+            Py_CLEAR(node);
+            goto done;
+        }
+        slot_set(node, off[N_MODULE], tail);
+    } else {
+        slot_set_borrowed(node, off[N_MODULE], Py_None);
+    }
+    PyObject *self_us = hot[2];
+    if ((PyLong_Check(self_us) || PyFloat_Check(self_us)) && !PyBool_Check(self_us)) {
+        slot_set_borrowed(node, off[N_SELF_US], self_us);
+    }
+    slot_set_borrowed(node, off[N_START], f[S_START_NS]);
+    /* is_open = s.in_progress or s.end_ns is None */
+    int truth = PyObject_IsTrue(f[S_IN_PROGRESS]);
+    if (truth < 0) {
+        Py_CLEAR(node);
+        goto done;
+    }
+    PyObject *is_open = truth ? f[S_IN_PROGRESS] : (f[S_END_NS] == Py_None ? Py_True : Py_False);
+    int open = truth || f[S_END_NS] == Py_None;
+    slot_set_borrowed(node, off[N_IN_PROGRESS], is_open);
+    slot_set_borrowed(node, off[N_END], open ? Py_None : f[S_END_NS]);
+    int instant = PyObject_IsTrue(f[S_INSTANT]);
+    if (instant < 0) {
+        Py_CLEAR(node);
+        goto done;
+    }
+    slot_set_borrowed(node, off[N_INSTANT], instant && !open ? Py_True : Py_False);
+    slot_set_borrowed(node, off[N_ERROR], f[S_ERROR]);
+    slot_set_borrowed(node, off[N_THREAD], f[S_THREAD]);
+    slot_set_borrowed(node, off[N_LANE], lane);
+done:
+    for (int k = 0; k < 3; k++) {
+        Py_XDECREF(hot[k]);
+    }
+    for (int k = 0; k < S_FIELDS; k++) {
+        Py_XDECREF(f[k]);
+    }
+    return node;
+}
+
+static PyObject *
+span_nodes(PyObject *module, PyObject *args)
+{
+    PyObject *groups, *node_type, *span_type, *lazy_type;
+    NodeBuild nb;
+    if (!PyArg_ParseTuple(args, "O!OOO!O!OOOOO:span_nodes", &PyList_Type, &groups, &node_type, &span_type,
+                          &PyTuple_Type, &nb.keys, &PyDict_Type, &nb.name_phases, &nb.hot_values, &lazy_type,
+                          &nb.patterns, &nb.missing, &nb.unknown)) {
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(nb.keys) != 3 ||
+        (lazy_type != Py_None && (!PyTuple_Check(nb.patterns) || PyTuple_GET_SIZE(nb.patterns) != 3))) {
+        PyErr_SetString(PyExc_TypeError, "span_nodes: three keys, and three patterns with a lazy type");
+        return NULL;
+    }
+    if (lazy_type != Py_None && check_patterns(nb.patterns) < 0) {
+        return NULL;
+    }
+    if (node_build_init(&nb, node_type, span_type, lazy_type) < 0) {
+        return NULL;
+    }
+    PyObject *nodes = PyList_New(0), *by_id = PyDict_New();
+    if (nodes == NULL || by_id == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t g = 0; g < PyList_GET_SIZE(groups); g++) {
+        PyObject *group = PyList_GET_ITEM(groups, g);
+        if (!PyTuple_Check(group) || PyTuple_GET_SIZE(group) != 2 || !PyList_Check(PyTuple_GET_ITEM(group, 1))) {
+            PyErr_SetString(PyExc_TypeError, "span_nodes: groups are (lane, list of spans)");
+            goto fail;
+        }
+        PyObject *lane = PyTuple_GET_ITEM(group, 0);
+        PyObject *spans = PyTuple_GET_ITEM(group, 1);
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(spans); i++) {
+            PyObject *node = make_node(&nb, PyList_GET_ITEM(spans, i), lane);
+            if (node == NULL) {
+                goto fail;
+            }
+            if (PyDict_SetItem(by_id, SLOT(node, nb.off[N_ID]), node) < 0 || PyList_Append(nodes, node) < 0) {
+                Py_DECREF(node);
+                goto fail;
+            }
+            Py_DECREF(node);
+        }
+    }
+    PyObject *out = PyTuple_Pack(2, nodes, by_id);
+    Py_DECREF(nodes);
+    Py_DECREF(by_id);
+    return out;
+fail:
+    Py_XDECREF(nodes);
+    Py_XDECREF(by_id);
+    return NULL;
+}
+
+static PyObject *
+link_tree(PyObject *module, PyObject *args)
+{
+    PyObject *nodes, *by_id, *node_type;
+    if (!PyArg_ParseTuple(args, "O!O!O:link_tree", &PyList_Type, &nodes, &PyDict_Type, &by_id, &node_type)) {
+        return NULL;
+    }
+    if (!PyType_Check(node_type)) {
+        PyErr_SetString(PyExc_TypeError, "link_tree: node_type must be a type");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)node_type;
+    Py_ssize_t o_parent = slot_offset(type, "parent"), o_parent_node = slot_offset(type, "parent_node");
+    Py_ssize_t o_lane = slot_offset(type, "lane"), o_children = slot_offset(type, "children");
+    Py_ssize_t o_depth = slot_offset(type, "depth");
+    if (o_parent < 0 || o_parent_node < 0 || o_lane < 0 || o_children < 0 || o_depth < 0) {
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(nodes);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!Py_IS_TYPE(PyList_GET_ITEM(nodes, i), type)) {
+            PyErr_SetString(PyExc_TypeError, "link_tree: nodes must be of node_type");
+            return NULL;
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *n = PyList_GET_ITEM(nodes, i);
+        PyObject *pid = SLOT(n, o_parent);
+        if (pid == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "parent");
+            return NULL;
+        }
+        int truth = PyObject_IsTrue(pid);
+        if (truth < 0) {
+            return NULL;
+        }
+        if (!truth) {
+            continue;
+        }
+        PyObject *parent = PyDict_GetItemWithError(by_id, pid);
+        if (parent == NULL) {
+            if (PyErr_Occurred()) {
+                return NULL;
+            }
+            continue;
+        }
+        if (parent == n) {
+            continue;
+        }
+        slot_set_borrowed(n, o_parent_node, parent);
+        if (Py_IS_TYPE(parent, type) && SLOT(parent, o_lane) == SLOT(n, o_lane)) {
+            PyObject *children = SLOT(parent, o_children);
+            if (children == NULL || !PyList_Check(children) || PyList_Append(children, n) < 0) {
+                if (!PyErr_Occurred()) {
+                    PyErr_SetString(PyExc_TypeError, "children must be a list");
+                }
+                return NULL;
+            }
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *n = PyList_GET_ITEM(nodes, i);
+        long depth = 0;
+        PyObject *lane = SLOT(n, o_lane);
+        PyObject *p = SLOT(n, o_parent_node);
+        /* bounded: guards cycles */
+        while (p != NULL && p != Py_None && Py_IS_TYPE(p, type) && SLOT(p, o_lane) == lane && depth < 10000) {
+            depth++;
+            p = SLOT(p, o_parent_node);
+        }
+        PyObject *value = PyLong_FromLong(depth);
+        if (value == NULL) {
+            return NULL;
+        }
+        slot_set(n, o_depth, value);
+    }
+    Py_RETURN_NONE;
+}
+
+/* `analysis.lanes.import_hotspots`'s sums: per module (`n.module or n.name`) of the import spans,
+   [cumulative ns, self ns (`analysis.model.self_ns`), set of lane indices, count], in first-seen
+   order, as the Python loop fills its dict. */
+static PyObject *
+hotspot_sums(PyObject *module, PyObject *args)
+{
+    PyObject *nodes, *node_type, *import_phase;
+    if (!PyArg_ParseTuple(args, "O!OU:hotspot_sums", &PyList_Type, &nodes, &node_type, &import_phase)) {
+        return NULL;
+    }
+    if (!PyType_Check(node_type)) {
+        PyErr_SetString(PyExc_TypeError, "hotspot_sums: node_type must be a type");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)node_type;
+    Py_ssize_t o_phase = slot_offset(type, "phase"), o_module = slot_offset(type, "module");
+    Py_ssize_t o_name = slot_offset(type, "name"), o_duration = slot_offset(type, "duration");
+    Py_ssize_t o_self = slot_offset(type, "self_us"), o_children = slot_offset(type, "children");
+    Py_ssize_t o_lane = slot_offset(type, "lane");
+    if (o_phase < 0 || o_module < 0 || o_name < 0 || o_duration < 0 || o_self < 0 || o_children < 0 || o_lane < 0) {
+        return NULL;
+    }
+    PyObject *acc = PyDict_New(), *thousand = PyLong_FromLong(1000), *zero = PyLong_FromLong(0);
+    PyObject *one = PyLong_FromLong(1);
+    if (acc == NULL || thousand == NULL || zero == NULL || one == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *n = PyList_GET_ITEM(nodes, i);
+        if (!Py_IS_TYPE(n, type)) {
+            PyErr_SetString(PyExc_TypeError, "hotspot_sums: nodes must be of node_type");
+            goto fail;
+        }
+        PyObject *phase = SLOT(n, o_phase), *mod = SLOT(n, o_module), *duration = SLOT(n, o_duration);
+        PyObject *self_us = SLOT(n, o_self), *children = SLOT(n, o_children), *lane = SLOT(n, o_lane);
+        if (phase == NULL || mod == NULL || duration == NULL || self_us == NULL || children == NULL || lane == NULL ||
+            SLOT(n, o_name) == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "hotspot_sums: a span node is not built yet");
+            goto fail;
+        }
+        int is_import = phase == import_phase ? 1 : PyObject_RichCompareBool(phase, import_phase, Py_EQ);
+        if (is_import < 0) {
+            goto fail;
+        }
+        if (!is_import) {
+            continue;
+        }
+        int truth = PyObject_IsTrue(mod);
+        if (truth < 0) {
+            goto fail;
+        }
+        if (!truth) {
+            mod = SLOT(n, o_name);
+        }
+        /* self_ns(n) */
+        PyObject *own;
+        if (self_us != Py_None) {
+            PyObject *ns = PyNumber_Multiply(self_us, thousand);
+            if (ns == NULL) {
+                goto fail;
+            }
+            own = PyNumber_Long(ns);
+            Py_DECREF(ns);
+        } else if (!PyList_Check(children) || PyList_GET_SIZE(children) == 0) {
+            if (!PyList_Check(children)) {
+                PyErr_SetString(PyExc_TypeError, "hotspot_sums: children must be a list");
+                goto fail;
+            }
+            Py_INCREF(duration);
+            own = duration;
+        } else {
+            PyObject *sum = zero;
+            Py_INCREF(sum);
+            for (Py_ssize_t c = 0; c < PyList_GET_SIZE(children); c++) {
+                PyObject *child = PyList_GET_ITEM(children, c);
+                PyObject *cd = Py_IS_TYPE(child, type) ? SLOT(child, o_duration) : NULL;
+                if (cd == NULL) {
+                    Py_DECREF(sum);
+                    PyErr_SetString(PyExc_AttributeError, "hotspot_sums: a child's duration");
+                    goto fail;
+                }
+                PyObject *next = PyNumber_Add(sum, cd);
+                Py_DECREF(sum);
+                if (next == NULL) {
+                    goto fail;
+                }
+                sum = next;
+            }
+            PyObject *left = PyNumber_Subtract(duration, sum);
+            Py_DECREF(sum);
+            if (left == NULL) {
+                goto fail;
+            }
+            int negative = PyObject_RichCompareBool(zero, left, Py_GT); /* max(0, left) */
+            if (negative < 0) {
+                Py_DECREF(left);
+                goto fail;
+            }
+            if (negative) {
+                Py_DECREF(left);
+                Py_INCREF(zero);
+                left = zero;
+            }
+            own = left;
+        }
+        if (own == NULL) {
+            goto fail;
+        }
+        PyObject *a = PyDict_GetItemWithError(acc, mod);
+        if (a == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(own);
+                goto fail;
+            }
+            PyObject *lanes = PySet_New(NULL);
+            a = lanes == NULL ? NULL : PyList_New(4);
+            if (a == NULL) {
+                Py_XDECREF(lanes);
+                Py_DECREF(own);
+                goto fail;
+            }
+            Py_INCREF(zero);
+            PyList_SET_ITEM(a, 0, zero);
+            Py_INCREF(zero);
+            PyList_SET_ITEM(a, 1, zero);
+            PyList_SET_ITEM(a, 2, lanes);
+            Py_INCREF(zero);
+            PyList_SET_ITEM(a, 3, zero);
+            if (PyDict_SetItem(acc, mod, a) < 0) {
+                Py_DECREF(a);
+                Py_DECREF(own);
+                goto fail;
+            }
+            Py_DECREF(a); /* the dict holds it */
+        }
+        PyObject *cum = PyNumber_Add(PyList_GET_ITEM(a, 0), duration);
+        PyObject *self_sum = cum == NULL ? NULL : PyNumber_Add(PyList_GET_ITEM(a, 1), own);
+        Py_DECREF(own);
+        PyObject *count = self_sum == NULL ? NULL : PyNumber_Add(PyList_GET_ITEM(a, 3), one);
+        if (count == NULL || PySet_Add(PyList_GET_ITEM(a, 2), lane) < 0) {
+            Py_XDECREF(cum);
+            Py_XDECREF(self_sum);
+            Py_XDECREF(count);
+            goto fail;
+        }
+        PyList_SetItem(a, 0, cum);
+        PyList_SetItem(a, 1, self_sum);
+        PyList_SetItem(a, 3, count);
+    }
+    Py_DECREF(thousand);
+    Py_DECREF(zero);
+    Py_DECREF(one);
+    return acc;
+fail:
+    Py_XDECREF(acc);
+    Py_XDECREF(thousand);
+    Py_XDECREF(zero);
+    Py_XDECREF(one);
+    return NULL;
+}
+
+/* The end used for every node, as `analysis.lanes._build` sets it: `t_eff` for a span in progress,
+   else its end; never before its start (then `duration` 0). */
+static PyObject *
+set_durations(PyObject *module, PyObject *args)
+{
+    PyObject *nodes, *node_type, *t_eff;
+    if (!PyArg_ParseTuple(args, "O!OO:set_durations", &PyList_Type, &nodes, &node_type, &t_eff)) {
+        return NULL;
+    }
+    if (!PyType_Check(node_type)) {
+        PyErr_SetString(PyExc_TypeError, "set_durations: node_type must be a type");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)node_type;
+    Py_ssize_t o_start = slot_offset(type, "start"), o_end = slot_offset(type, "end");
+    Py_ssize_t o_open = slot_offset(type, "in_progress"), o_eff = slot_offset(type, "eff_end");
+    Py_ssize_t o_duration = slot_offset(type, "duration");
+    if (o_start < 0 || o_end < 0 || o_open < 0 || o_eff < 0 || o_duration < 0) {
+        return NULL;
+    }
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *n = PyList_GET_ITEM(nodes, i);
+        if (!Py_IS_TYPE(n, type) || SLOT(n, o_start) == NULL || SLOT(n, o_end) == NULL || SLOT(n, o_open) == NULL) {
+            PyErr_SetString(PyExc_TypeError, "set_durations: nodes must be built span nodes");
+            Py_DECREF(zero);
+            return NULL;
+        }
+        PyObject *start = SLOT(n, o_start);
+        int open = PyObject_IsTrue(SLOT(n, o_open));
+        if (open < 0) {
+            Py_DECREF(zero);
+            return NULL;
+        }
+        PyObject *end = open ? t_eff : SLOT(n, o_end);
+        int later = PyObject_RichCompareBool(end, start, Py_GT);
+        if (later < 0) {
+            Py_DECREF(zero);
+            return NULL;
+        }
+        if (later) {
+            PyObject *duration = PyNumber_Subtract(end, start);
+            if (duration == NULL) {
+                Py_DECREF(zero);
+                return NULL;
+            }
+            slot_set_borrowed(n, o_eff, end);
+            slot_set(n, o_duration, duration);
+        } else {
+            slot_set_borrowed(n, o_eff, start);
+            slot_set_borrowed(n, o_duration, zero);
+        }
+    }
+    Py_DECREF(zero);
+    Py_RETURN_NONE;
+}
+
+/* `analysis.lanes._lane_facts`'s interval arithmetic over a lane's work spans (instants left out):
+   per phase, in first-seen order, the union of its spans' [start, eff_end] (`phases.union_ns`),
+   and the union of those intervals clipped to [low, high] (`phases.merge_intervals`, empty ones
+   dropped). Done on 64-bit integers; None when a time is not an int in [0, 2**63) (the Python code
+   then does it on Python ints), which also keeps every sum below 2**63. */
+typedef struct {
+    long long s, e;
+} Interval;
+
+static int
+interval_order(const void *a, const void *b)
+{
+    const Interval *x = a, *y = b;
+    if (x->s != y->s) {
+        return x->s < y->s ? -1 : 1;
+    }
+    return x->e < y->e ? -1 : (x->e > y->e ? 1 : 0);
+}
+
+/* Sort and merge in place, as merge_intervals does (intervals with e < s skipped); the count left. */
+static Py_ssize_t
+merge_in_place(Interval *iv, Py_ssize_t n)
+{
+    qsort(iv, (size_t)n, sizeof(Interval), interval_order);
+    Py_ssize_t out = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (iv[i].e < iv[i].s) {
+            continue;
+        }
+        if (out > 0 && iv[i].s <= iv[out - 1].e) {
+            if (iv[i].e > iv[out - 1].e) {
+                iv[out - 1].e = iv[i].e;
+            }
+        } else {
+            iv[out++] = iv[i];
+        }
+    }
+    return out;
+}
+
+static int
+as_time(PyObject *value, long long *out)
+{
+    if (!PyLong_CheckExact(value)) {
+        return 0;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = v;
+    return v >= 0;
+}
+
+static PyObject *
+phase_intervals(PyObject *module, PyObject *args)
+{
+    PyObject *work, *node_type, *low_obj, *high_obj;
+    if (!PyArg_ParseTuple(args, "O!OOO:phase_intervals", &PyList_Type, &work, &node_type, &low_obj, &high_obj)) {
+        return NULL;
+    }
+    if (!PyType_Check(node_type)) {
+        PyErr_SetString(PyExc_TypeError, "phase_intervals: node_type must be a type");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)node_type;
+    Py_ssize_t o_start = slot_offset(type, "start"), o_eff = slot_offset(type, "eff_end");
+    Py_ssize_t o_phase = slot_offset(type, "phase"), o_instant = slot_offset(type, "instant");
+    if (o_start < 0 || o_eff < 0 || o_phase < 0 || o_instant < 0) {
+        return NULL;
+    }
+    long long low, high;
+    if (!as_time(low_obj, &low) || !as_time(high_obj, &high)) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(work);
+    Interval *all = PyMem_Malloc(sizeof(Interval) * (size_t)(count > 0 ? count : 1) * 2);
+    Py_ssize_t *phase_of = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(count > 0 ? count : 1));
+    PyObject *index = PyDict_New(), *result = NULL, *phases = NULL, *covered = NULL;
+    if (all == NULL || phase_of == NULL || index == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Interval *clipped = all + count;
+    Py_ssize_t used = 0, n_clipped = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *n = PyList_GET_ITEM(work, i);
+        if (!Py_IS_TYPE(n, type) || SLOT(n, o_start) == NULL || SLOT(n, o_eff) == NULL || SLOT(n, o_phase) == NULL ||
+            SLOT(n, o_instant) == NULL) {
+            PyErr_SetString(PyExc_TypeError, "phase_intervals: work must be built span nodes");
+            goto done;
+        }
+        int instant = PyObject_IsTrue(SLOT(n, o_instant));
+        if (instant < 0) {
+            goto done;
+        }
+        if (instant) {
+            continue;
+        }
+        long long s0, e0;
+        if (!as_time(SLOT(n, o_start), &s0) || !as_time(SLOT(n, o_eff), &e0)) {
+            Py_INCREF(Py_None);
+            result = Py_None;
+            goto done;
+        }
+        PyObject *phase = SLOT(n, o_phase);
+        PyObject *at = PyDict_GetItemWithError(index, phase);
+        Py_ssize_t k;
+        if (at == NULL) {
+            if (PyErr_Occurred()) {
+                goto done;
+            }
+            k = PyDict_GET_SIZE(index);
+            PyObject *key = PyLong_FromSsize_t(k);
+            if (key == NULL || PyDict_SetItem(index, phase, key) < 0) {
+                Py_XDECREF(key);
+                goto done;
+            }
+            Py_DECREF(key);
+        } else {
+            k = PyLong_AsSsize_t(at);
+        }
+        all[used].s = s0;
+        all[used].e = e0;
+        phase_of[used++] = k;
+        if (e0 > low) {
+            clipped[n_clipped].s = s0 > low ? s0 : low;
+            clipped[n_clipped++].e = e0 < high ? e0 : high;
+        }
+    }
+    /* per phase: its intervals gathered (stable by phase index), merged, summed */
+    Py_ssize_t n_phases = PyDict_GET_SIZE(index);
+    phases = PyDict_New();
+    if (phases == NULL) {
+        goto done;
+    }
+    Interval *group = PyMem_Malloc(sizeof(Interval) * (size_t)(used > 0 ? used : 1));
+    if (group == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(index, &pos, &key, &value)) { /* first-seen order */
+        Py_ssize_t k = PyLong_AsSsize_t(value), m = 0;
+        for (Py_ssize_t i = 0; i < used; i++) {
+            if (phase_of[i] == k) {
+                group[m++] = all[i];
+            }
+        }
+        Py_ssize_t merged = merge_in_place(group, m);
+        long long total = 0;
+        for (Py_ssize_t i = 0; i < merged; i++) {
+            total += group[i].e - group[i].s;
+        }
+        PyObject *ns = PyLong_FromLongLong(total);
+        if (ns == NULL || PyDict_SetItem(phases, key, ns) < 0) {
+            Py_XDECREF(ns);
+            PyMem_Free(group);
+            goto done;
+        }
+        Py_DECREF(ns);
+    }
+    PyMem_Free(group);
+    (void)n_phases;
+    Py_ssize_t merged = merge_in_place(clipped, n_clipped);
+    covered = PyList_New(0);
+    if (covered == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < merged; i++) {
+        if (clipped[i].e > clipped[i].s) {
+            PyObject *pair = Py_BuildValue("(LL)", clipped[i].s, clipped[i].e);
+            if (pair == NULL || PyList_Append(covered, pair) < 0) {
+                Py_XDECREF(pair);
+                goto done;
+            }
+            Py_DECREF(pair);
+        }
+    }
+    result = PyTuple_Pack(2, phases, covered);
+done:
+    PyMem_Free(all);
+    PyMem_Free(phase_of);
+    Py_XDECREF(index);
+    Py_XDECREF(phases);
+    Py_XDECREF(covered);
+    return result;
+}
+
 static PyMethodDef hotpath_methods[] = {
     {"peek_attrs", peek_attrs, METH_VARARGS,
      "peek_attrs(raw, patterns, missing, unknown): per pattern, the short string value after it, or missing or unknown."},
+    {"span_nodes", span_nodes, METH_VARARGS,
+     "span_nodes(groups, node_type, span_type, keys, name_phases, hot_values, lazy_type, patterns, missing, unknown): "
+     "analysis.lanes._span_nodes's loop; (nodes, by_id)."},
+    {"link_tree", link_tree, METH_VARARGS, "link_tree(nodes, by_id, node_type): analysis.lanes._link_tree."},
+    {"hotspot_sums", hotspot_sums, METH_VARARGS,
+     "hotspot_sums(nodes, node_type, 'import'): analysis.lanes.import_hotspots's sums per module."},
+    {"phase_intervals", phase_intervals, METH_VARARGS,
+     "phase_intervals(work, node_type, low, high): ({phase: union ns}, covered intervals), or None."},
+    {"set_durations", set_durations, METH_VARARGS,
+     "set_durations(nodes, node_type, t_eff): every node's eff_end and duration."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -721,6 +1634,14 @@ PyInit__hotpath(void)
     INTERN(str_plain_ident, "plain_ident");
     INTERN(str_process_span, "process_span_id");
     INTERN(str_file, "__file__");
+    INTERN(str_import, "import");
+    INTERN(str_preload_phase, "forkserver_preload");
+    INTERN(str_other, "other");
+    INTERN(str_import_prefix, "import ");
+    INTERN(str_preload_prefix, "preload ");
+    for (int k = 0; k < S_FIELDS; k++) {
+        INTERN(span_fields[k], SPAN_FIELD_NAMES[k]);
+    }
 #undef INTERN
     PyObject *module = PyModule_Create(&hotpath_module);
     if (module == NULL) {

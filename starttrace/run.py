@@ -38,6 +38,18 @@ def hot_values(attrs: dict[str, Any]) -> tuple[Any, Any, Any]:
     return get(HOT_KEYS[0]), get(HOT_KEYS[1]), get(HOT_KEYS[2])
 
 
+# How the model build may read HOT_KEYS straight from a span's stored protobuf bytes, in C
+# (`analysis.lanes`): the attribute mapping type that keeps them in its `_raw` slot (with a `_peeked`
+# dict slot), the byte patterns of the keys, and its markers for a missing key and one that cannot be
+# read in place. Set by that source (`sources.lazy_attrs`); None: every span answers `hot_values`.
+RAW_HOT_READER: tuple[type, tuple[bytes, ...], object, object] | None = None
+
+
+def register_raw_hot_reader(mapping: type, patterns: tuple[bytes, ...], missing: object, unknown: object) -> None:
+    global RAW_HOT_READER
+    RAW_HOT_READER = (mapping, patterns, missing, unknown)
+
+
 def int_or_none(value: Any) -> int | None:
     """An attribute value as an int (None for a missing, bool or non-numeric value)."""
     if value is None or isinstance(value, bool):
@@ -71,7 +83,7 @@ class Link:
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)  # ~100k per run: no dict per span; the model build reads the slots (analysis.lanes)
 class Span:
     span_id: str
     parent_id: str | None

@@ -22,7 +22,7 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from starttrace.run import HOT_KEYS
+from starttrace.run import HOT_KEYS, register_raw_hot_reader
 from starttrace.sources.otlp import varint
 
 _MISSING = object()
@@ -286,6 +286,9 @@ class LazyAttrs(dict):  # type: ignore[type-arg]
     def copy(self) -> dict[str, Any]:
         self._load()
         return dict(dict.items(self))
+
+
+register_raw_hot_reader(LazyAttrs, _HOT_PATTERNS, _MISSING, _UNKNOWN)  # the model build's C reader
 
 
 def _loading(name: str) -> Callable[..., Any]:

@@ -1,0 +1,172 @@
+"""The model build's per-span loops in C (`_hotpath.span_nodes`, `link_tree`, `set_durations`,
+`hotspot_sums`) build exactly what the Python code does (`analysis.lanes._span_nodes`,
+`_link_tree`, `_set_durations`, `_hotspot_sums`): every field of every node, the same values of
+the same types, the same import hotspots, and the same views."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from synth_runs import make_run, protobuf_batches
+
+from starttrace import run as run_module
+from starttrace.analysis import lanes
+from starttrace.analysis.lanes import build_model
+from starttrace.analysis.model import RunModel, SpanNode
+from starttrace.run import Process, Run, Span
+from starttrace.sources import store as S
+from starttrace.sources.lazy_attrs import HOT_KEYS, LazyAttrs
+from starttrace.sources.otlp import parse_and_decode, span_attrs
+from starttrace.views.json import to_json
+
+PHASE, MODULE, SELF_US = HOT_KEYS
+NOW = 1_800_000_000_000_000_000
+pytestmark = pytest.mark.skipif(lanes.c_span_nodes is None, reason="starttrace._hotpath is not built here")
+
+
+def _build(make: Callable[[], Run], c: bool, monkeypatch: pytest.MonkeyPatch, raw_reader: bool = True) -> RunModel:
+    with monkeypatch.context() as m:
+        if not raw_reader:  # C without the stored bytes' reader: every span through `hot_values`
+            m.setattr(run_module, "RAW_HOT_READER", None)
+        if not c:
+            m.setattr(lanes, "c_span_nodes", None)
+            m.setattr(lanes, "c_link_tree", None)
+            m.setattr(lanes, "c_hotspot_sums", None)
+            m.setattr(lanes, "c_set_durations", None)
+            m.setattr(lanes, "c_phase_intervals", None)
+        return build_model(make(), now_ns=NOW)
+
+
+def _state(n: SpanNode) -> tuple[Any, ...]:
+    fields = []
+    for name in SpanNode.__slots__:
+        value = getattr(n, name, "<unset>")
+        if name == "parent_node":
+            value = None if value is None else value.id
+        elif name in ("children", "imports"):
+            value = None if value is None else [c.id for c in value]
+        elif name == "attrs":
+            value = (type(value).__name__, dict(dict.items(value)) if type(value) is dict else None)
+        fields.append((name, type(value).__name__, value))
+    return tuple(fields)
+
+
+def _same(make: Callable[[], Run], monkeypatch: pytest.MonkeyPatch) -> RunModel:
+    in_c, in_python = _build(make, True, monkeypatch), _build(make, False, monkeypatch)
+    assert [_state(n) for n in in_c.spans] == [_state(n) for n in in_python.spans]
+    assert [_state(n) for n in _build(make, True, monkeypatch, raw_reader=False).spans] == [
+        _state(n) for n in in_python.spans
+    ]
+    assert in_c.hotspots == in_python.hotspots and in_c.hotspots
+    facts = lambda model: [(list(ln.phases.items()), ln.coverage, ln.gaps) for ln in model.lanes]  # noqa: E731
+    assert facts(in_c) == facts(in_python)  # phases in the same order too
+    dump = lambda model: json.dumps(to_json(model), sort_keys=True, default=str)  # noqa: E731
+    assert dump(in_c) == dump(in_python)
+    return in_c
+
+
+def _stored(run: Any, tmp_path: Path) -> Callable[[], Run]:
+    store = S.Store(os.path.join(tmp_path, "s.db"))
+    for body in protobuf_batches(run, 512):
+        store.ingest_now(parse_and_decode(body, "application/x-protobuf").batch)
+    return lambda: store.load_run(run.run_id)  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"ranks": 4, "imports_per_rank": 300, "seed": 42},
+        {"ranks": 3, "imports_per_rank": 200, "seed": 5, "in_progress_rank": 1, "ready": False},
+        {"ranks": 3, "imports_per_rank": 100, "seed": 3, "cuda_in_forkserver": True},
+        {"ranks": 3, "imports_per_rank": 100, "seed": 7, "start_method": "spawn"},
+    ],
+)
+def test_stored_runs_build_the_same_nodes(
+    kwargs: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = _same(_stored(make_run(run_id="r", **kwargs), tmp_path), monkeypatch)
+    assert len(model.spans) > 300
+    assert any(isinstance(n.attrs, LazyAttrs) for n in model.spans)  # the C common case was taken
+    assert any(n.children for n in model.spans) and max(n.depth for n in model.spans) >= 2
+
+
+def _kv_bytes(**attrs: Any) -> bytes:
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
+
+    span = PbSpan(trace_id=b"\1" * 16, span_id=b"\2" * 8, name="x", start_time_unix_nano=1, end_time_unix_nano=2)
+    for key, value in attrs.items():
+        kind = "string_value" if isinstance(value, str) else "int_value"
+        span.attributes.append(KeyValue(key=key, value=AnyValue(**{kind: value})))
+    return span.SerializeToString()
+
+
+class _OwnSpan(Span):
+    pass
+
+
+def _odd_run() -> Run:
+    """Every branch of the per-span loop: attrs absent, plain dicts, lazy bytes read or not yet,
+    lazy JSON text, a repeated key; phases from the attribute, the name table, the prefixes; bool,
+    float and int self times; open, instant and truthy-but-not-bool `in_progress`; parents that
+    are the span itself, a cycle, missing, or in another lane."""
+    t = 1_700_000_000_000_000_000
+    lazy = lambda raw: LazyAttrs(raw, span_attrs)  # noqa: E731
+    read = LazyAttrs(_kv_bytes(**{PHASE: "import", MODULE: "read.before"}), span_attrs)
+    read.get(MODULE)
+    a = [
+        Span("p1", None, "process", t, t + 900, {PHASE: "process"}),
+        Span("a1", "p1", "import torch", t + 1, t + 500, None),
+        Span("a2", "a1", "import torch.nn", t + 2, t + 100, {SELF_US: True}),
+        Span("a3", "a1", "preload x", t + 3, t + 50, {SELF_US: 1.5, PHASE: ""}),
+        Span("a4", "a4", "cuda.init", t + 4, None, {PHASE: 7}),
+        Span("a5", "a6", "c1", t + 5, t + 6, {}, instant=True),
+        Span("a6", "a5", "c2", t + 6, t + 7, {MODULE: 3}, in_progress=1),  # type: ignore[arg-type]
+        Span("a7", "nowhere", "import lazy", t + 7, t + 9, lazy(_kv_bytes(**{PHASE: "import", SELF_US: 4}))),
+        Span("a8", "a7", "import again", t + 8, t + 9, lazy(_kv_bytes(**{PHASE: "a"}) + _kv_bytes(**{PHASE: "b"}))),
+        Span("a9", "a7", "import json", t + 8, t + 9, LazyAttrs('{"starttrace.phase": "import"}', json.loads)),
+        Span("a10", "", "import read", t + 9, t + 10, read, error="Boom", thread=3),
+        Span("a11", "p1", "ready", t + 10, t + 10, {"other": 1}, instant=True),
+        _OwnSpan("a12", "p1", "import own", t + 11, t + 12, {}),  # not exactly a Span: read by attribute
+    ]
+    b = [
+        Span("p2", "a1", "process", t + 20, t + 800, {PHASE: "process"}),
+        Span("b1", "a2", "import os", t + 21, t + 30, {PHASE: "import", MODULE: "os", SELF_US: 5}),
+        Span("b2", "b1", "dist.init", t + 22, t + 23, None, in_progress=True),
+    ]
+    huge = [  # times beyond 64 bits: the interval arithmetic falls back to Python ints
+        Span("p3", "a1", "process", t + 30, 1 << 64, {PHASE: "process"}),
+        Span("c1", "p3", "import big", t + 31, (1 << 64) - 5, {PHASE: "import"}),
+        Span("c2", "p3", "dist.init", t + 32, t + 40, None),
+    ]
+    processes = [
+        Process("one", 1, 0, None, {"starttrace.role": "api_server"}, "p1", a),
+        Process("two", 2, 1, None, {"starttrace.role": "worker", "starttrace.rank": 0}, "p2", b),
+        Process("three", 3, 1, None, {"starttrace.role": "worker", "starttrace.rank": 1}, "p3", huge),
+    ]
+    root = Span("root", None, "startup", t, t + 1000, {PHASE: "startup"})
+    return Run("odd", "t" * 32, "root", {}, processes, [], [root])
+
+
+def test_every_branch_builds_the_same_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _same(_odd_run, monkeypatch)
+    by_id = {n.id: n for n in model.spans}
+    assert by_id["a2"].self_us is None and by_id["a3"].self_us == 1.5 and by_id["a3"].phase == "forkserver_preload"
+    assert by_id["a4"].phase == "cuda_init" and by_id["a4"].parent_node is None  # its own parent
+    assert by_id["a7"].self_us == 4 and by_id["a7"].module == "lazy" and by_id["a10"].module == "read.before"
+    assert by_id["b1"].parent_node is by_id["a2"] and by_id["b1"] not in by_id["a2"].children  # another lane
+    assert by_id["a6"].in_progress == 1 and by_id["a5"].depth == 10_000  # the cycle is bounded
+    big = next(ln for ln in model.lanes if ln.id == "three")
+    assert big.phases["import"] == (1 << 64) - 5 - (by_id["c1"].start)
+
+
+def test_a_span_name_that_is_not_a_string_is_refused_in_c() -> None:
+    run = _odd_run()
+    run.processes[0].spans[1].name = 5  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="name must be a str"):
+        build_model(run, now_ns=NOW)
