@@ -20,6 +20,7 @@
    Built by hatch_build.py when the package is installed; without a C compiler the package is
    pure Python and nothing changes but the cost. STARTTRACE_PURE_PYTHON=1 ignores this module. */
 
+#define _GNU_SOURCE /* memmem */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
@@ -1591,6 +1592,125 @@ done:
     return result;
 }
 
+/* ---- spans_from_rows: the store's rows as the run type ------------------------------------- */
+
+/* `sources.store.run_from_rows`'s loop over one lane's stored rows (SpanTuple: trace, span id,
+   parent, name, start, end, in_progress, instant, attribute bytes or text, error, thread): one
+   `run.Span` per row, its attributes a `LazyAttrs(raw, decode)` for non-empty bytes, else what
+   `fallback(raw)` makes of them; and the indices of the rows whose raw attributes hold `marker`
+   (bytes) or `text_marker` (text), when `linked` (the Python code then reads their link). */
+static PyObject *
+spans_from_rows(PyObject *module, PyObject *args)
+{
+    PyObject *rows, *span_type, *lazy_type, *decode, *fallback, *marker, *text_marker;
+    int linked;
+    if (!PyArg_ParseTuple(args, "O!OOOOSUp:spans_from_rows", &PyList_Type, &rows, &span_type, &lazy_type, &decode,
+                          &fallback, &marker, &text_marker, &linked)) {
+        return NULL;
+    }
+    if (!PyType_Check(span_type) || !PyType_Check(lazy_type) ||
+        !PyType_IsSubtype((PyTypeObject *)lazy_type, &PyDict_Type)) {
+        PyErr_SetString(PyExc_TypeError, "spans_from_rows: span_type, and lazy_type a dict subclass");
+        return NULL;
+    }
+    PyTypeObject *stype = (PyTypeObject *)span_type, *ltype = (PyTypeObject *)lazy_type;
+    static const char *const names[] = {"span_id", "parent_id", "name", "start_ns", "end_ns", "attrs",
+                                        "error", "thread", "instant", "in_progress", "links"};
+    Py_ssize_t off[11];
+    for (int k = 0; k < 11; k++) {
+        if ((off[k] = slot_offset(stype, names[k])) < 0) {
+            return NULL;
+        }
+    }
+    Py_ssize_t o_raw = slot_offset(ltype, "_raw"), o_decode = slot_offset(ltype, "_decode");
+    Py_ssize_t o_peeked = slot_offset(ltype, "_peeked");
+    if (o_raw < 0 || o_decode < 0 || o_peeked < 0) {
+        return NULL;
+    }
+    const char *mark = PyBytes_AS_STRING(marker);
+    Py_ssize_t mark_len = PyBytes_GET_SIZE(marker);
+    PyObject *spans = PyList_New(PyList_GET_SIZE(rows)), *marked = PyList_New(0), *no_args = PyTuple_New(0);
+    if (spans == NULL || marked == NULL || no_args == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
+        PyObject *r = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 11) {
+            PyErr_SetString(PyExc_ValueError, "spans_from_rows: rows are span tuples");
+            goto fail;
+        }
+        PyObject *raw = PyTuple_GET_ITEM(r, 8);
+        PyObject *attrs;
+        int is_bytes = PyBytes_CheckExact(raw) && PyBytes_GET_SIZE(raw) > 0;
+        if (is_bytes) {
+            attrs = ltype->tp_new(ltype, no_args, NULL);
+            PyObject *peeked = attrs == NULL ? NULL : PyDict_New();
+            if (peeked == NULL) {
+                Py_XDECREF(attrs);
+                goto fail;
+            }
+            slot_set_borrowed(attrs, o_raw, raw);
+            slot_set_borrowed(attrs, o_decode, decode);
+            slot_set(attrs, o_peeked, peeked);
+        } else if ((attrs = PyObject_CallOneArg(fallback, raw)) == NULL) {
+            goto fail;
+        }
+        int in_progress = PyObject_IsTrue(PyTuple_GET_ITEM(r, 6));
+        int instant = in_progress < 0 ? -1 : PyObject_IsTrue(PyTuple_GET_ITEM(r, 7));
+        PyObject *span = instant < 0 ? NULL : stype->tp_alloc(stype, 0);
+        PyObject *links = span == NULL ? NULL : PyList_New(0);
+        if (links == NULL) {
+            Py_XDECREF(span);
+            Py_DECREF(attrs);
+            goto fail;
+        }
+        slot_set_borrowed(span, off[0], PyTuple_GET_ITEM(r, 1));
+        slot_set_borrowed(span, off[1], PyTuple_GET_ITEM(r, 2));
+        slot_set_borrowed(span, off[2], PyTuple_GET_ITEM(r, 3));
+        slot_set_borrowed(span, off[3], PyTuple_GET_ITEM(r, 4));
+        slot_set_borrowed(span, off[4], PyTuple_GET_ITEM(r, 5));
+        slot_set(span, off[5], attrs);
+        slot_set_borrowed(span, off[6], PyTuple_GET_ITEM(r, 9));
+        slot_set_borrowed(span, off[7], PyTuple_GET_ITEM(r, 10));
+        slot_set_borrowed(span, off[8], instant ? Py_True : Py_False);
+        slot_set_borrowed(span, off[9], in_progress ? Py_True : Py_False);
+        slot_set(span, off[10], links);
+        PyList_SET_ITEM(spans, i, span);
+        if (!linked) {
+            continue;
+        }
+        int found = 0;
+        if (PyBytes_Check(raw)) {
+            found = PyBytes_GET_SIZE(raw) >= mark_len &&
+                    memmem(PyBytes_AS_STRING(raw), (size_t)PyBytes_GET_SIZE(raw), mark, (size_t)mark_len) != NULL;
+        } else if (PyUnicode_Check(raw) && PyUnicode_GET_LENGTH(raw) > 0) {
+            Py_ssize_t at = PyUnicode_Find(raw, text_marker, 0, PY_SSIZE_T_MAX, 1);
+            if (at == -2) {
+                goto fail;
+            }
+            found = at >= 0;
+        }
+        if (found) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            if (index == NULL || PyList_Append(marked, index) < 0) {
+                Py_XDECREF(index);
+                goto fail;
+            }
+            Py_DECREF(index);
+        }
+    }
+    Py_DECREF(no_args);
+    PyObject *out = PyTuple_Pack(2, spans, marked);
+    Py_DECREF(spans);
+    Py_DECREF(marked);
+    return out;
+fail:
+    Py_XDECREF(spans); /* its empty items are NULL: list_dealloc skips them */
+    Py_XDECREF(marked);
+    Py_XDECREF(no_args);
+    return NULL;
+}
+
 static PyMethodDef hotpath_methods[] = {
     {"peek_attrs", peek_attrs, METH_VARARGS,
      "peek_attrs(raw, patterns, missing, unknown): per pattern, the short string value after it, or missing or unknown."},
@@ -1600,6 +1720,8 @@ static PyMethodDef hotpath_methods[] = {
     {"link_tree", link_tree, METH_VARARGS, "link_tree(nodes, by_id, node_type): analysis.lanes._link_tree."},
     {"hotspot_sums", hotspot_sums, METH_VARARGS,
      "hotspot_sums(nodes, node_type, 'import'): analysis.lanes.import_hotspots's sums per module."},
+    {"spans_from_rows", spans_from_rows, METH_VARARGS,
+     "spans_from_rows(rows, span_type, lazy_type, decode, fallback, marker, text_marker, linked): (spans, marked)."},
     {"phase_intervals", phase_intervals, METH_VARARGS,
      "phase_intervals(work, node_type, low, high): ({phase: union ns}, covered intervals), or None."},
     {"set_durations", set_durations, METH_VARARGS,

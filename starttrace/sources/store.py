@@ -43,6 +43,11 @@ from starttrace.sources.batches import IngestBatch, PackedSpans, ProcessBatch, S
 from starttrace.sources.lazy_attrs import LazyAttrs
 from starttrace.sources.otlp import span_attrs
 
+try:  # rows -> spans in C (starttrace/_hotpath.c, built at install where a C compiler is there)
+    from starttrace._hotpath import spans_from_rows as c_spans_from_rows  # type: ignore[import-not-found]
+except ImportError:
+    c_spans_from_rows = None
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
@@ -111,6 +116,7 @@ CREATE TABLE IF NOT EXISTS views (
     PRIMARY KEY (run_id, kind)
 );
 """
+
 
 def decode_attrs(value: str | bytes | None) -> dict[str, Any]:
     """A stored `attrs` value as a dict: JSON object text, or the raw bytes of an OTLP `Span`
@@ -559,9 +565,7 @@ class Store:
         ref = self._lane_ids.get(key)
         if ref is None:
             conn.execute("INSERT OR IGNORE INTO lanes(run_id, lane_id, source) VALUES (?, ?, ?)", key)
-            row = conn.execute(
-                "SELECT id FROM lanes WHERE run_id = ? AND lane_id = ? AND source = ?", key
-            ).fetchone()
+            row = conn.execute("SELECT id FROM lanes WHERE run_id = ? AND lane_id = ? AND source = ?", key).fetchone()
             ref = self._lane_ids[key] = int(row[0])
         return ref
 
@@ -990,9 +994,17 @@ def run_from_rows(rows: RunRows) -> Run:
     marker, text_marker = _LAUNCHED_BY_B, '"starttrace.launched_by"'
     linked_lanes = rows.linked_lanes
     for lane_id, lane_rows in rows.lanes.items():
+        linked = linked_lanes is None or lane_id in linked_lanes
+        if c_spans_from_rows is not None:  # the same loop in C (starttrace/_hotpath.c)
+            spans, marked = c_spans_from_rows(
+                lane_rows, Span, LazyAttrs, span_attrs, lazy_attrs, marker, text_marker, linked
+            )
+            by_lane[lane_id] = spans
+            for i in marked:
+                _launched_by_link(spans[i])
+            continue
         spans = by_lane[lane_id] = []
         append = spans.append
-        linked = linked_lanes is None or lane_id in linked_lanes
         for r in lane_rows:  # SpanTuple
             raw = r[8]
             if type(raw) is bytes and raw:
@@ -1000,15 +1012,10 @@ def run_from_rows(rows: RunRows) -> Run:
             else:
                 attrs = lazy_attrs(raw)
             in_progress = bool(r[6])
-            span = Span(
-                r[1], r[2], r[3], r[4], None if (in_progress and r[5] is None) else r[5], attrs, r[9], r[10],
-                bool(r[7]), in_progress,
-            )  # fmt: skip
+            span = Span(r[1], r[2], r[3], r[4], r[5], attrs, r[9], r[10], bool(r[7]), in_progress)
             # no attribute lookup for most spans
             if linked and raw and (marker in raw if isinstance(raw, bytes) else text_marker in raw):
-                launched_by = attrs.get("starttrace.launched_by")
-                if isinstance(launched_by, str) and launched_by:
-                    span.links.append(Link(launched_by, attrs={"starttrace.link": "launched_by"}))
+                _launched_by_link(span)
             append(span)
     ids = {s.span_id for spans in by_lane.values() for s in spans}
     processes: list[Process] = []
@@ -1037,6 +1044,12 @@ def run_from_rows(rows: RunRows) -> Run:
         version=rows.version,
         updated_at=rows.updated_at,
     )
+
+
+def _launched_by_link(span: Span) -> None:
+    launched_by = span.attrs.get("starttrace.launched_by")
+    if isinstance(launched_by, str) and launched_by:
+        span.links.append(Link(launched_by, attrs={"starttrace.link": "launched_by"}))
 
 
 _START_NS = operator.attrgetter("start_ns")

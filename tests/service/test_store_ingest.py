@@ -9,8 +9,10 @@ import sqlite3
 import time
 from pathlib import Path
 
+import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from starttrace.sources import store as store_module
 from starttrace.sources.otlp import decode
 from starttrace.sources.store import IngestBatch, ProcessBatch, SpanTuple, Store, decode_attrs
 
@@ -197,7 +199,61 @@ def test_idle_checkpoint(tmp_path: Path) -> None:
     st.close()
 
 
-def test_launched_by_links_found_per_lane(tmp_path: Path) -> None:
+@pytest.fixture(params=["c", "python"])
+def rows_to_spans(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Rows become spans in C (`_hotpath.spans_from_rows`) and in Python."""
+    if request.param == "c":
+        if store_module.c_spans_from_rows is None:
+            pytest.skip("starttrace._hotpath is not built here")
+    else:
+        monkeypatch.setattr(store_module, "c_spans_from_rows", None)
+    return str(request.param)
+
+
+def test_rows_become_the_same_spans_in_c_and_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every field of every span, and its attributes (bytes read lazily, JSON text, none at all)."""
+    from starttrace.sources.store import run_from_rows
+
+    if store_module.c_spans_from_rows is None:
+        pytest.skip("starttrace._hotpath is not built here")
+    st = Store(tmp_path / "s.db")
+    text = [_span(1, 2000, attrs={"starttrace.launched_by": "00000000000000aa"}), _span(2, 2000, in_progress=True)]
+    text.append(("ab" * 16, f"{7:016x}", f"{1:016x}", "bare", 1500, None, 1, 1, None, "Err", 5))
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    for key, value in (("starttrace.run_id", "r"), ("service.instance.id", "proto")):
+        rs.resource.attributes.add(key=key).value.string_value = value
+    for i in range(3):
+        sp = rs.scope_spans.add().spans.add(
+            trace_id=b"\xab" * 16, span_id=bytes([0] * 7 + [9 + i]), name=f"import m{i}", start_time_unix_nano=5 + i,
+            end_time_unix_nano=9 + i,
+        )  # fmt: skip
+        sp.attributes.add(key="starttrace.phase").value.string_value = "import"
+    st.ingest_now(IngestBatch(processes=[ProcessBatch(source="otlp", resource={"starttrace.run_id": "r",
+                  "service.instance.id": "text"}, spans=text)]))  # fmt: skip
+    st.ingest_now(decode(req.SerializeToString()).batch)
+    rows = st.load_rows("r")
+    assert rows is not None
+
+    def spans() -> list[tuple[object, ...]]:
+        out = []
+        for p in run_from_rows(rows).processes:
+            for sp in p.spans:
+                fields = [getattr(sp, f) for f in type(sp).__slots__ if f != "attrs"]
+                out.append(
+                    (type(sp), type(sp.attrs), fields, dict(sp.attrs), [(lk.span_id, lk.attrs) for lk in sp.links])
+                )
+        return out
+
+    in_c = spans()
+    with monkeypatch.context() as m:
+        m.setattr(store_module, "c_spans_from_rows", None)
+        assert spans() == in_c
+    assert len(in_c) == 6 and {t[1].__name__ for t in in_c} == {"LazyAttrs", "dict"}
+    st.close()
+
+
+def test_launched_by_links_found_per_lane(tmp_path: Path, rows_to_spans: str) -> None:
     """`starttrace.launched_by` becomes a link wherever it is, whether the attributes are JSON text
     or OTLP bytes; the store searches each stored batch once, and only the spans of lanes whose
     batches hold the key are looked at (`RunRows.linked_lanes`)."""
@@ -232,7 +288,7 @@ def test_launched_by_links_found_per_lane(tmp_path: Path) -> None:
     st.close()
 
 
-def test_launched_by_in_a_copy_from_another_lane(tmp_path: Path) -> None:
+def test_launched_by_in_a_copy_from_another_lane(tmp_path: Path, rows_to_spans: str) -> None:
     """A span first stored in progress in one lane, then ended in another lane's batch with a
     `starttrace.launched_by`: the merged span keeps its first place and gets the link (every lane is
     searched then, `linked_lanes` None)."""
