@@ -728,6 +728,7 @@ static const char *const SPAN_FIELD_NAMES[S_FIELDS] = {
     "span_id", "parent_id", "name", "start_ns", "end_ns", "attrs", "error", "thread", "instant", "in_progress",
 };
 static PyObject *span_fields[S_FIELDS];
+static PyObject *str_process, *str_startup;
 static PyObject *str_import, *str_preload_phase, *str_other, *str_import_prefix, *str_preload_prefix;
 
 /* The offset of slot `name` of `type` (a T_OBJECT_EX member descriptor of it or a base), or -1. */
@@ -1592,6 +1593,375 @@ done:
     return result;
 }
 
+/* ---- import trees: the findings' walks (analysis/findings/common.py) ------------------------ */
+
+/* `import_children`, `subtree_modules`, `top_imports` and `covered_nodes` walk the import trees of
+   every rank several times over (the `preload` findings: ~40 % of the model build in Python). The
+   same walks, over the span nodes' slots; the Python functions stay the reference and fallback. */
+
+typedef struct {
+    PyTypeObject *type; /* a strong reference, once set */
+    Py_ssize_t children, imports, phase, module, id, in_progress, start, parent_node, lane;
+} TreeSlots;
+static TreeSlots tree_slots;
+
+static TreeSlots *
+tree_slots_of(PyObject *node_type)
+{
+    if (!PyType_Check(node_type)) {
+        PyErr_SetString(PyExc_TypeError, "node_type must be a type");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)node_type;
+    if (tree_slots.type == type) {
+        return &tree_slots;
+    }
+    TreeSlots t = {type, slot_offset(type, "children"), slot_offset(type, "imports"), slot_offset(type, "phase"),
+                   slot_offset(type, "module"), slot_offset(type, "id"), slot_offset(type, "in_progress"),
+                   slot_offset(type, "start"), slot_offset(type, "parent_node"), slot_offset(type, "lane")};
+    if (t.children < 0 || t.imports < 0 || t.phase < 0 || t.module < 0 || t.id < 0 || t.in_progress < 0 ||
+        t.start < 0 || t.parent_node < 0 || t.lane < 0) {
+        return NULL;
+    }
+    Py_INCREF(type);
+    Py_XDECREF(tree_slots.type);
+    tree_slots = t;
+    return &tree_slots;
+}
+
+/* a == b for two phase names (str); -1 with an exception when they cannot be compared */
+static inline int
+same_str(PyObject *a, PyObject *b)
+{
+    if (a == b) {
+        return 1;
+    }
+    if (PyUnicode_CheckExact(a) && PyUnicode_CheckExact(b)) {
+        return PyUnicode_GET_LENGTH(a) == PyUnicode_GET_LENGTH(b) && PyUnicode_Compare(a, b) == 0;
+    }
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+static inline PyObject *
+node_slot(PyObject *n, Py_ssize_t offset, const char *name)
+{
+    PyObject *v = SLOT(n, offset);
+    if (v == NULL) {
+        PyErr_Format(PyExc_AttributeError, "a span node has no %s yet", name);
+    }
+    return v;
+}
+
+/* node.imports, computed once (a borrowed reference), as findings.common.import_children */
+static PyObject *
+imports_of(TreeSlots *t, PyObject *node)
+{
+    if (!Py_IS_TYPE(node, t->type)) {
+        PyErr_SetString(PyExc_TypeError, "import trees: not a span node");
+        return NULL;
+    }
+    PyObject *cached = SLOT(node, t->imports);
+    if (cached != NULL && cached != Py_None) {
+        return cached;
+    }
+    PyObject *children = node_slot(node, t->children, "children");
+    if (children == NULL) {
+        return NULL;
+    }
+    if (!PyList_Check(children)) {
+        PyErr_SetString(PyExc_TypeError, "a span node's children must be a list");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        return NULL;
+    }
+    slot_set(node, t->imports, out); /* first, as the Python code: a cycle finds it (being filled) */
+    if (Py_EnterRecursiveCall(" in import_children")) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(children); i++) {
+        PyObject *child = PyList_GET_ITEM(children, i);
+        PyObject *phase = Py_IS_TYPE(child, t->type) ? node_slot(child, t->phase, "phase") : NULL;
+        if (phase == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "import trees: not a span node");
+            }
+            Py_LeaveRecursiveCall();
+            return NULL;
+        }
+        int is_import = same_str(phase, str_import);
+        if (is_import < 0) {
+            Py_LeaveRecursiveCall();
+            return NULL;
+        }
+        if (is_import) {
+            if (PyList_Append(out, child) < 0) {
+                Py_LeaveRecursiveCall();
+                return NULL;
+            }
+            continue;
+        }
+        int structural = same_str(phase, str_process);
+        if (structural == 0) {
+            structural = same_str(phase, str_startup);
+        }
+        if (structural < 0) {
+            Py_LeaveRecursiveCall();
+            return NULL;
+        }
+        if (!structural) {
+            PyObject *inner = imports_of(t, child);
+            /* extended by itself (a cycle), the list is copied first, as by list.extend */
+            Py_ssize_t end = PyList_GET_SIZE(out);
+            if (inner == NULL || PyList_SetSlice(out, end, end, inner) < 0) {
+                Py_LeaveRecursiveCall();
+                return NULL;
+            }
+        }
+    }
+    Py_LeaveRecursiveCall();
+    return out;
+}
+
+static PyObject *
+import_children_c(PyObject *module, PyObject *args)
+{
+    PyObject *node, *node_type;
+    if (!PyArg_ParseTuple(args, "OO:import_children", &node, &node_type)) {
+        return NULL;
+    }
+    TreeSlots *t = tree_slots_of(node_type);
+    PyObject *out = t == NULL ? NULL : imports_of(t, node);
+    Py_XINCREF(out);
+    return out;
+}
+
+/* A growable stack of borrowed node references (the nodes are held by the model meanwhile). */
+typedef struct {
+    PyObject **items;
+    Py_ssize_t size, cap;
+} Stack;
+
+static int
+stack_push_all(Stack *st, PyObject *list)
+{
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    if (st->size + n > st->cap) {
+        Py_ssize_t cap = (st->size + n) * 2 + 16;
+        PyObject **items = PyMem_Realloc(st->items, sizeof(PyObject *) * (size_t)cap);
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        st->items = items;
+        st->cap = cap;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        st->items[st->size++] = PyList_GET_ITEM(list, i);
+    }
+    return 0;
+}
+
+static PyObject *
+subtree_modules_c(PyObject *module, PyObject *args)
+{
+    PyObject *node, *memo, *node_type;
+    if (!PyArg_ParseTuple(args, "OO!O:subtree_modules", &node, &PyDict_Type, &memo, &node_type)) {
+        return NULL;
+    }
+    TreeSlots *t = tree_slots_of(node_type);
+    if (t == NULL) {
+        return NULL;
+    }
+    if (!Py_IS_TYPE(node, t->type) || node_slot(node, t->id, "id") == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "subtree_modules: not a span node");
+        }
+        return NULL;
+    }
+    PyObject *key = SLOT(node, t->id);
+    PyObject *got = PyDict_GetItemWithError(memo, key);
+    if (got != NULL && got != Py_None) {
+        Py_INCREF(got);
+        return got;
+    }
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *mods = PySet_New(NULL);
+    Stack st = {NULL, 0, 0};
+    if (mods == NULL || (st.items = PyMem_Malloc(sizeof(PyObject *) * 16)) == NULL) {
+        Py_XDECREF(mods);
+        return mods == NULL ? NULL : PyErr_NoMemory();
+    }
+    st.cap = 16;
+    st.items[st.size++] = node;
+    PyObject *result = NULL;
+    while (st.size > 0) {
+        PyObject *n = st.items[--st.size];
+        PyObject *mod = Py_IS_TYPE(n, t->type) ? node_slot(n, t->module, "module") : NULL;
+        if (mod == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "subtree_modules: not a span node");
+            }
+            goto done;
+        }
+        int truth = PyObject_IsTrue(mod);
+        if (truth < 0 || (truth && PySet_Add(mods, mod) < 0)) {
+            goto done;
+        }
+        PyObject *inner = imports_of(t, n);
+        if (inner == NULL || stack_push_all(&st, inner) < 0) {
+            goto done;
+        }
+    }
+    result = PyFrozenSet_New(mods);
+    if (result != NULL && PyDict_SetItem(memo, key, result) < 0) {
+        Py_CLEAR(result);
+    }
+done:
+    PyMem_Free(st.items);
+    Py_DECREF(mods);
+    return result;
+}
+
+/* findings.common.top_imports over a lane's spans: imports no other import of the lane encloses
+   (completed, started before `until` unless it is None). */
+static PyObject *
+top_imports_c(PyObject *module, PyObject *args)
+{
+    PyObject *spans, *until, *node_type;
+    if (!PyArg_ParseTuple(args, "O!OO:top_imports", &PyList_Type, &spans, &until, &node_type)) {
+        return NULL;
+    }
+    TreeSlots *t = tree_slots_of(node_type);
+    PyObject *out = t == NULL ? NULL : PyList_New(0);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(spans); i++) {
+        PyObject *n = PyList_GET_ITEM(spans, i);
+        if (!Py_IS_TYPE(n, t->type) || SLOT(n, t->phase) == NULL || SLOT(n, t->in_progress) == NULL ||
+            SLOT(n, t->start) == NULL || SLOT(n, t->parent_node) == NULL || SLOT(n, t->lane) == NULL) {
+            PyErr_SetString(PyExc_TypeError, "top_imports: spans must be built span nodes");
+            goto fail;
+        }
+        int is_import = same_str(SLOT(n, t->phase), str_import);
+        if (is_import <= 0) {
+            if (is_import < 0) {
+                goto fail;
+            }
+            continue;
+        }
+        int open = PyObject_IsTrue(SLOT(n, t->in_progress));
+        if (open != 0) {
+            if (open < 0) {
+                goto fail;
+            }
+            continue;
+        }
+        if (until != Py_None) {
+            int late = PyObject_RichCompareBool(SLOT(n, t->start), until, Py_GE);
+            if (late != 0) {
+                if (late < 0) {
+                    goto fail;
+                }
+                continue;
+            }
+        }
+        PyObject *lane = SLOT(n, t->lane);
+        PyObject *p = SLOT(n, t->parent_node);
+        int enclosed = 0;
+        for (long steps = 0; p != Py_None; steps++) {
+            if (!Py_IS_TYPE(p, t->type) || SLOT(p, t->lane) == NULL || SLOT(p, t->phase) == NULL ||
+                SLOT(p, t->parent_node) == NULL) {
+                PyErr_SetString(PyExc_TypeError, "top_imports: a parent is not a built span node");
+                goto fail;
+            }
+            int same_lane = SLOT(p, t->lane) == lane ? 1 : PyObject_RichCompareBool(SLOT(p, t->lane), lane, Py_EQ);
+            if (same_lane < 0) {
+                goto fail;
+            }
+            if (!same_lane) {
+                break;
+            }
+            int parent_import = same_str(SLOT(p, t->phase), str_import);
+            if (parent_import < 0) {
+                goto fail;
+            }
+            if (parent_import || steps >= 10000) { /* bounded: guards cycles (then: enclosed) */
+                enclosed = 1;
+                break;
+            }
+            p = SLOT(p, t->parent_node);
+        }
+        if (!enclosed && PyList_Append(out, n) < 0) {
+            goto fail;
+        }
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* findings.preload.covered_nodes's walk: the outermost nodes under `roots` whose module is in `covered` */
+static PyObject *
+covered_nodes_c(PyObject *module, PyObject *args)
+{
+    PyObject *roots, *covered, *node_type;
+    if (!PyArg_ParseTuple(args, "O!OO:covered_nodes", &PyList_Type, &roots, &covered, &node_type)) {
+        return NULL;
+    }
+    if (!PyAnySet_Check(covered)) {
+        PyErr_SetString(PyExc_TypeError, "covered_nodes: covered must be a set");
+        return NULL;
+    }
+    TreeSlots *t = tree_slots_of(node_type);
+    PyObject *out = t == NULL ? NULL : PyList_New(0);
+    Stack st = {NULL, 0, 0};
+    if (out == NULL || stack_push_all(&st, roots) < 0) {
+        Py_XDECREF(out);
+        PyMem_Free(st.items);
+        return NULL;
+    }
+    while (st.size > 0) {
+        PyObject *n = st.items[--st.size];
+        PyObject *mod = Py_IS_TYPE(n, t->type) ? node_slot(n, t->module, "module") : NULL;
+        if (mod == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "covered_nodes: not a span node");
+            }
+            goto fail;
+        }
+        int in = PySet_Contains(covered, mod);
+        if (in < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
+                goto fail;
+            }
+            PyErr_Clear(); /* an unhashable module is in no set */
+            in = 0;
+        }
+        if (in) {
+            if (PyList_Append(out, n) < 0) {
+                goto fail;
+            }
+            continue;
+        }
+        PyObject *inner = imports_of(t, n);
+        if (inner == NULL || stack_push_all(&st, inner) < 0) {
+            goto fail;
+        }
+    }
+    PyMem_Free(st.items);
+    return out;
+fail:
+    PyMem_Free(st.items);
+    Py_DECREF(out);
+    return NULL;
+}
+
 /* ---- spans_from_rows: the store's rows as the run type ------------------------------------- */
 
 /* `sources.store.run_from_rows`'s loop over one lane's stored rows (SpanTuple: trace, span id,
@@ -1720,6 +2090,10 @@ static PyMethodDef hotpath_methods[] = {
     {"link_tree", link_tree, METH_VARARGS, "link_tree(nodes, by_id, node_type): analysis.lanes._link_tree."},
     {"hotspot_sums", hotspot_sums, METH_VARARGS,
      "hotspot_sums(nodes, node_type, 'import'): analysis.lanes.import_hotspots's sums per module."},
+    {"import_children", import_children_c, METH_VARARGS, "import_children(node, node_type): findings.common's."},
+    {"subtree_modules", subtree_modules_c, METH_VARARGS, "subtree_modules(node, memo, node_type): findings.common's."},
+    {"top_imports", top_imports_c, METH_VARARGS, "top_imports(spans, until, node_type): findings.common's."},
+    {"covered_nodes", covered_nodes_c, METH_VARARGS, "covered_nodes(roots, covered, node_type): findings.preload's walk."},
     {"spans_from_rows", spans_from_rows, METH_VARARGS,
      "spans_from_rows(rows, span_type, lazy_type, decode, fallback, marker, text_marker, linked): (spans, marked)."},
     {"phase_intervals", phase_intervals, METH_VARARGS,
@@ -1759,6 +2133,8 @@ PyInit__hotpath(void)
     INTERN(str_import, "import");
     INTERN(str_preload_phase, "forkserver_preload");
     INTERN(str_other, "other");
+    INTERN(str_process, "process");
+    INTERN(str_startup, "startup");
     INTERN(str_import_prefix, "import ");
     INTERN(str_preload_prefix, "preload ");
     for (int k = 0; k < S_FIELDS; k++) {

@@ -16,6 +16,8 @@ from synth_runs import make_run, protobuf_batches
 
 from starttrace import run as run_module
 from starttrace.analysis import lanes
+from starttrace.analysis.findings import common
+from starttrace.analysis.findings.preload import covered_nodes
 from starttrace.analysis.lanes import build_model
 from starttrace.analysis.model import RunModel, SpanNode
 from starttrace.run import Process, Run, Span
@@ -39,6 +41,8 @@ def _build(make: Callable[[], Run], c: bool, monkeypatch: pytest.MonkeyPatch, ra
             m.setattr(lanes, "c_hotspot_sums", None)
             m.setattr(lanes, "c_set_durations", None)
             m.setattr(lanes, "c_phase_intervals", None)
+            for name in ("c_import_children", "c_subtree_modules", "c_top_imports", "c_covered_nodes"):
+                m.setattr(common, name, None)
         return build_model(make(), now_ns=NOW)
 
 
@@ -132,12 +136,18 @@ def _odd_run() -> Run:
         Span("a9", "a7", "import json", t + 8, t + 9, LazyAttrs('{"starttrace.phase": "import"}', json.loads)),
         Span("a10", "", "import read", t + 9, t + 10, read, error="Boom", thread=3),
         Span("a11", "p1", "ready", t + 10, t + 10, {"other": 1}, instant=True),
+        Span("a13", "a14", "cycle one", t + 12, t + 20, {}),  # a parent cycle with an import inside
+        Span("a14", "a13", "cycle two", t + 12, t + 20, {}),
+        Span("a15", "a13", "import cyc", t + 13, t + 14, {}),
+        Span("a16", "a15", "import cyc.inner", t + 13, t + 14, {MODULE: "cyc.inner"}),
         _OwnSpan("a12", "p1", "import own", t + 11, t + 12, {}),  # not exactly a Span: read by attribute
     ]
     b = [
         Span("p2", "a1", "process", t + 20, t + 800, {PHASE: "process"}),
         Span("b1", "a2", "import os", t + 21, t + 30, {PHASE: "import", MODULE: "os", SELF_US: 5}),
         Span("b2", "b1", "dist.init", t + 22, t + 23, None, in_progress=True),
+        *[Span(f"w{i}", f"w{i - 1}" if i else None, f"wait {i}", t + 24 + i, t + 40, {}) for i in range(5)],
+        Span("b7", "w4", "import deep", t + 30, t + 31, {}),  # under five spans that are no imports
     ]
     huge = [  # times beyond 64 bits: the interval arithmetic falls back to Python ints
         Span("p3", "a1", "process", t + 30, 1 << 64, {PHASE: "process"}),
@@ -170,3 +180,35 @@ def test_a_span_name_that_is_not_a_string_is_refused_in_c() -> None:
     run.processes[0].spans[1].name = 5  # type: ignore[assignment]
     with pytest.raises(TypeError, match="name must be a str"):
         build_model(run, now_ns=NOW)
+
+
+def test_the_import_tree_walks_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`import_children`, `subtree_modules`, `top_imports`, `covered_nodes` (what the `preload`
+    findings walk) in C and in Python, on every node of a run with parent cycles."""
+    if common.c_top_imports is None:
+        pytest.skip("starttrace._hotpath is not built here")
+
+    def walks(python: bool) -> list[Any]:
+        model = build_model(_odd_run(), now_ns=NOW)
+        with monkeypatch.context() as m:
+            if python:
+                for name in ("c_import_children", "c_subtree_modules", "c_top_imports", "c_covered_nodes"):
+                    m.setattr(common, name, None)
+            memo: dict[str, frozenset[str]] = {}
+            ids = lambda nodes: [n.id for n in nodes]  # noqa: E731
+            out: list[Any] = [ids(common.import_children(n)) for n in model.spans]
+            out += [sorted(common.subtree_modules(n, memo)) for n in model.spans]
+            for lane in model.lanes:
+                out += [ids(common.top_imports(lane)), ids(common.top_imports(lane, lane.start + 12))]
+                out.append(ids(covered_nodes(lane, {"cyc.inner", "os", "again"})))
+        return out
+
+    assert walks(python=False) == walks(python=True)
+    model = build_model(_odd_run(), now_ns=NOW)
+    by_id = {n.id: n for n in model.spans}
+    one = model.lanes[by_id["a15"].lane]
+    tops = {n.id for n in common.top_imports(one)}
+    assert "a7" in tops and "a15" not in tops  # under a parent cycle: enclosed (the walk is bounded)
+    assert "b7" in {n.id for n in common.top_imports(model.lanes[by_id["b7"].lane])}
+    assert [n.id for n in common.import_children(by_id["a13"])] == ["a15"]
+    assert common.subtree_modules(by_id["a15"], {}) == {"cyc", "cyc.inner"}

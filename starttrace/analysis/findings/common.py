@@ -11,6 +11,13 @@ from starttrace.analysis.phases import merge_intervals
 
 SEVERITIES = ("error", "warning", "info")
 RANK_ROLES = ("worker", "child")  # roles whose processes are ranks (the EngineCore is not one)
+try:  # the import-tree walks in C (starttrace/_hotpath.c, built at install where a C compiler is there)
+    from starttrace import _hotpath  # type: ignore[attr-defined]
+
+    c_import_children, c_subtree_modules = _hotpath.import_children, _hotpath.subtree_modules
+    c_top_imports, c_covered_nodes = _hotpath.top_imports, _hotpath.covered_nodes
+except ImportError:
+    c_import_children = c_subtree_modules = c_top_imports = c_covered_nodes = None
 WAIT_NAMES = ("barrier", "all_reduce", "allreduce", "all_gather", "broadcast", "collective", "wait_for")
 
 
@@ -87,6 +94,8 @@ def cutoff_ns(model: RunModel, lane: Lane) -> int:
 def import_children(node: SpanNode) -> list[SpanNode]:
     """The imports directly inside `node` (through spans that are neither imports nor processes).
     Kept on the node: the findings ask ~3 times per span. Callers must not change the list."""
+    if c_import_children is not None:
+        return c_import_children(node, SpanNode)  # type: ignore[no-any-return]
     out = node.imports
     if out is None:
         out = node.imports = []
@@ -101,12 +110,18 @@ def import_children(node: SpanNode) -> list[SpanNode]:
 
 def top_imports(lane: Lane, until: int | None = None) -> list[SpanNode]:
     """The lane's imports that no other import encloses (completed, started before `until`)."""
+    if c_top_imports is not None:
+        return c_top_imports(lane.spans, until, SpanNode)  # type: ignore[no-any-return]
     out = []
     for n in lane.spans:
         if n.phase != "import" or n.in_progress or (until is not None and n.start >= until):
             continue
         p = n.parent_node
+        steps = 0
         while p is not None and p.lane == n.lane and p.phase != "import":
+            if steps >= 10_000:  # bounded: guards cycles (then it counts as enclosed)
+                break
+            steps += 1
             p = p.parent_node
         if p is None or p.lane != n.lane:
             out.append(n)
@@ -115,6 +130,8 @@ def top_imports(lane: Lane, until: int | None = None) -> list[SpanNode]:
 
 def subtree_modules(node: SpanNode, memo: dict[str, frozenset[str]]) -> frozenset[str]:
     """Modules loaded by the import `node` (itself and every import inside it)."""
+    if c_subtree_modules is not None:
+        return c_subtree_modules(node, memo, SpanNode)  # type: ignore[no-any-return]
     got = memo.get(node.id)
     if got is not None:
         return got

@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from starttrace.analysis.findings import common
 from starttrace.analysis.findings.common import (
     RANK_ROLES,
     cuda_chains,
@@ -110,17 +111,17 @@ def covering(model: RunModel, group: Group, tainted: dict[str, tuple[Lane, list[
         count.update(paid)
     held = forkserver_modules(group.launcher) if group.method == "forkserver" and group.launcher else set()
 
-    def candidate(mod: str | None) -> bool:
-        return (
-            bool(mod)
-            and count[mod] >= MIN_RANKS
-            and mod not in excluded
-            and mod not in tainted
-            and (
-                mod not in held and not mod.startswith("starttrace")  # type: ignore[union-attr]
-            )
-        )
-
+    # the candidates, decided once per module (the walk below asks for every import span)
+    allowed = {
+        mod
+        for mod, ranks in count.items()
+        if mod
+        and ranks >= MIN_RANKS
+        and mod not in excluded
+        and mod not in tainted
+        and mod not in held
+        and not mod.startswith("starttrace")
+    }
     picks: dict[str, list[SpanNode]] = {}
     refused: dict[str, str] = {}
     for roots in tops.values():
@@ -128,7 +129,7 @@ def covering(model: RunModel, group: Group, tainted: dict[str, tuple[Lane, list[
         while stack:
             n = stack.pop()
             mod = n.module
-            if mod and candidate(mod) and not n.error:
+            if mod in allowed and not n.error:
                 picks.setdefault(mod, []).append(n)
                 continue
             if mod in tainted and count[mod] >= MIN_RANKS and mod not in refused:
@@ -171,6 +172,8 @@ def _keep(
 
 def covered_nodes(lane: Lane, covered: set[str], until: int | None = None) -> list[SpanNode]:
     """The outermost imports of `lane` (started before `until`) whose module is in `covered`."""
+    if common.c_covered_nodes is not None:
+        return common.c_covered_nodes(top_imports(lane, until), covered, SpanNode)  # type: ignore[no-any-return]
     out = []
     stack = top_imports(lane, until)
     while stack:
