@@ -1962,6 +1962,58 @@ fail:
     return NULL;
 }
 
+/* analysis.model.select: the nodes whose phase is one of `phases` or whose name is one of `names`
+   (tuples), or with `keep` false all the others; in their order. */
+static int
+in_names(PyObject *value, PyObject *names)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); i++) {
+        int eq = same_str(value, PyTuple_GET_ITEM(names, i));
+        if (eq != 0) {
+            return eq;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+select_c(PyObject *module, PyObject *args)
+{
+    PyObject *spans, *node_type, *phases, *names;
+    int keep;
+    if (!PyArg_ParseTuple(args, "O!OO!O!p:select", &PyList_Type, &spans, &node_type, &PyTuple_Type, &phases,
+                          &PyTuple_Type, &names, &keep)) {
+        return NULL;
+    }
+    TreeSlots *t = tree_slots_of(node_type);
+    Py_ssize_t o_name = t == NULL ? -1 : slot_offset(t->type, "name");
+    PyObject *out = o_name < 0 ? NULL : PyList_New(0);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(spans); i++) {
+        PyObject *n = PyList_GET_ITEM(spans, i);
+        if (!Py_IS_TYPE(n, t->type) || SLOT(n, t->phase) == NULL || SLOT(n, o_name) == NULL) {
+            PyErr_SetString(PyExc_TypeError, "select: spans must be built span nodes");
+            Py_DECREF(out);
+            return NULL;
+        }
+        int hit = in_names(SLOT(n, t->phase), phases);
+        if (hit == 0) {
+            hit = in_names(SLOT(n, o_name), names);
+        }
+        if (hit < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (hit == keep && PyList_Append(out, n) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
 /* ---- spans_from_rows: the store's rows as the run type ------------------------------------- */
 
 /* `sources.store.run_from_rows`'s loop over one lane's stored rows (SpanTuple: trace, span id,
@@ -2094,6 +2146,7 @@ static PyMethodDef hotpath_methods[] = {
     {"subtree_modules", subtree_modules_c, METH_VARARGS, "subtree_modules(node, memo, node_type): findings.common's."},
     {"top_imports", top_imports_c, METH_VARARGS, "top_imports(spans, until, node_type): findings.common's."},
     {"covered_nodes", covered_nodes_c, METH_VARARGS, "covered_nodes(roots, covered, node_type): findings.preload's walk."},
+    {"select", select_c, METH_VARARGS, "select(spans, node_type, phases, names, keep): analysis.model.select."},
     {"spans_from_rows", spans_from_rows, METH_VARARGS,
      "spans_from_rows(rows, span_type, lazy_type, decode, fallback, marker, text_marker, linked): (spans, marked)."},
     {"phase_intervals", phase_intervals, METH_VARARGS,

@@ -97,9 +97,7 @@ def correct_clocks(run: Run, owned: bool = False) -> Run:
     by_domain = {c.domain: c for c in clocks}
     owners = {s.span_id: run.root_owner(s) for s in run.root_spans}
     pending = {id(p) for p in todo}
-    processes = [
-        _shifted_process(p, by_domain[domain_of(p)], owned) if id(p) in pending else p for p in run.processes
-    ]
+    processes = [_shifted_process(p, by_domain[domain_of(p)], owned) if id(p) in pending else p for p in run.processes]
     root_spans = []
     for span in run.root_spans:
         owner = owners.get(span.span_id)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import bisect
 import operator
 
-from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, PathStep, RunModel, SpanNode
+from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, PathStep, RunModel, SpanNode, select
+
+_STRUCTURAL = tuple(sorted(STRUCTURAL_PHASES))
 
 
 def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
@@ -97,7 +99,11 @@ def _candidates(lanes: list[Lane]) -> tuple[list[list[SpanNode]], list[list[int]
     per_lane: list[list[SpanNode]] = []
     ends: list[list[int]] = []
     for lane in lanes:
-        cand = [n for n in lane.spans if n is not lane.process_span and _can_be_a_step(n)]
+        proc = lane.process_span
+        # _can_be_a_step, inline: it runs for every span
+        cand = [
+            n for n in select(lane.spans, _STRUCTURAL, keep=False) if n is not proc and not n.instant and n.duration > 0
+        ]
         cand.sort(key=_DURATION, reverse=True)  # two stable sorts: by end, then the longest first
         cand.sort(key=_EFF_END)
         per_lane.append(cand)
@@ -111,9 +117,7 @@ def _starters(lanes: list[Lane]) -> dict[int, SpanNode]:
     by_pid: dict[int, Lane] = {ln.pid: ln for ln in lanes if ln.pid is not None}
     starter: dict[int, SpanNode] = {}
     for lane in lanes:
-        for n in lane.spans:
-            if n.phase not in ("launch", "fork", "forkserver"):
-                continue
+        for n in select(lane.spans, ("launch", "fork", "forkserver")):
             child_pid = n.attrs.get("starttrace.child_pid")
             if isinstance(child_pid, int):
                 child = by_pid.get(child_pid)

@@ -199,9 +199,7 @@ def _nearest_kept(
     return target
 
 
-def apply_detail(
-    run: Run, detail: str = DEFAULT_DETAIL, import_budget: int = DEFAULT_IMPORT_BUDGET
-) -> Run:
+def apply_detail(run: Run, detail: str = DEFAULT_DETAIL, import_budget: int = DEFAULT_IMPORT_BUDGET) -> Run:
     """The run as exported at `detail`: `full` (every span, the summary set marked) or `summary`
     (the summary set only). The run passed in is not changed."""
     if detail not in DETAILS:

@@ -21,6 +21,7 @@ from starttrace.analysis.model import (
     RunModel,
     SpanNode,
     rank_slot,
+    select,
     self_ns,
 )
 from starttrace.analysis.nodes import node_key, node_names, node_order
@@ -37,6 +38,7 @@ except ImportError:
     c_span_nodes = c_link_tree = c_set_durations = c_hotspot_sums = c_phase_intervals = None
 
 _START = operator.attrgetter("start")
+_STRUCTURAL = tuple(sorted(STRUCTURAL_PHASES))
 
 
 def _str(value: Any) -> str | None:
@@ -229,7 +231,7 @@ def _order_lanes(nodes: list[SpanNode], lanes_by_id: dict[str, Lane], t_first: i
         n.pos = len(lane_spans)
         lane_spans.append(n)
     for lane in lanes_by_id.values():
-        proc = [n for n in lane.spans if n.phase == "process" or n.name == "process"]
+        proc = select(lane.spans, ("process",), ("process",))
         lane.process_span = min(proc, key=lambda n: n.depth) if proc else None
         if lane.process_span is not None:
             lane.start = lane.process_span.start
@@ -272,9 +274,11 @@ def _command(value: Any) -> str | None:
 def _lane_facts(lane: Lane, run_ready: int | None, t_eff: int) -> None:
     spans = lane.spans
     proc = lane.process_span
-    work = [n for n in spans if n is not proc and n.phase not in STRUCTURAL_PHASES]
+    work = select(spans, _STRUCTURAL, keep=False)
+    if proc is not None and proc.phase not in STRUCTURAL_PHASES:
+        work.remove(proc)  # by identity: span nodes have no __eq__
     # ready
-    own_ready = [n.start for n in work if n.phase == "ready" or n.name == "ready"]
+    own_ready = [n.start for n in select(work, ("ready",), ("ready",))]
     if own_ready:
         lane.ready_ns = min(own_ready)
     elif run_ready is not None:
@@ -308,7 +312,7 @@ def _lane_facts(lane: Lane, run_ready: int | None, t_eff: int) -> None:
     gaps.sort(key=lambda g: g[0] - g[1])
     lane.gaps = sorted(gaps[:MAX_GAPS])
     # top imports: top-level imports of the lane (they do not overlap)
-    tops = [n for n in work if n.phase == "import" and (n.parent_node is None or n.parent_node.phase != "import")]
+    tops = [n for n in select(work, ("import",)) if n.parent_node is None or n.parent_node.phase != "import"]
     tops.sort(key=lambda n: -n.duration)
     lane.top_imports = [(n.module or n.name, n.duration) for n in tops[:5]]
     lane.in_progress = [n for n in spans if n.in_progress]
@@ -340,8 +344,15 @@ def _phase_intervals(work: list[SpanNode], low: int, high: int) -> tuple[dict[st
 
 def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str, Any]]:
     acc = _hotspot_sums(model.spans)
-    # the top `limit` picked before any row is built: a run has thousands of distinct modules
-    top = heapq.nsmallest(limit, acc.items(), key=_hotspot_order)
+    # the top `limit` picked before any row is built: a run has thousands of distinct modules.
+    # Every module at least as long as the limit-th longest, ordered: the same first `limit` as
+    # ordering all of them (names are unique), with no key call per module.
+    top = list(acc.items())
+    if len(top) > limit > 0:
+        cut = heapq.nlargest(limit, [a[0] for a in acc.values()])[-1]
+        top = [item for item in top if item[1][0] >= cut]
+    top.sort(key=_hotspot_order)
+    top = top[:limit] if limit > 0 else []
     slots = [rank_slot(lane) for lane in model.lanes]
     return [
         {

@@ -16,6 +16,7 @@ from synth_runs import make_run, protobuf_batches
 
 from starttrace import run as run_module
 from starttrace.analysis import lanes
+from starttrace.analysis import model as model_module
 from starttrace.analysis.findings import common
 from starttrace.analysis.findings.preload import covered_nodes
 from starttrace.analysis.lanes import build_model
@@ -43,6 +44,7 @@ def _build(make: Callable[[], Run], c: bool, monkeypatch: pytest.MonkeyPatch, ra
             m.setattr(lanes, "c_phase_intervals", None)
             for name in ("c_import_children", "c_subtree_modules", "c_top_imports", "c_covered_nodes"):
                 m.setattr(common, name, None)
+            m.setattr(model_module, "c_select", None)
         return build_model(make(), now_ns=NOW)
 
 
@@ -212,3 +214,21 @@ def test_the_import_tree_walks_match(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "b7" in {n.id for n in common.top_imports(model.lanes[by_id["b7"].lane])}
     assert [n.id for n in common.import_children(by_id["a13"])] == ["a15"]
     assert common.subtree_modules(by_id["a15"], {}) == {"cyc", "cyc.inner"}
+
+
+def test_select_matches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`analysis.model.select` in C and in Python: by phase, by name, both, and the others."""
+    if model_module.c_select is None:
+        pytest.skip("starttrace._hotpath is not built here")
+    spans = build_model(_odd_run(), now_ns=NOW).spans
+    asks = [(("import",), ()), (("cuda_init",), ("cuda.init", "ready")), ((), ("process",)), (("nothing",), ())]
+
+    def picks() -> list[list[str]]:
+        out = [[n.id for n in model_module.select(spans, phases, names)] for phases, names in asks]
+        return out + [[n.id for n in model_module.select(spans, phases, names, keep=False)] for phases, names in asks]
+
+    in_c = picks()
+    with monkeypatch.context() as m:
+        m.setattr(model_module, "c_select", None)
+        assert picks() == in_c
+    assert in_c[3] == [] and len(in_c[7]) == len(spans) and "a4" in in_c[1] and "a11" in in_c[1]

@@ -6,7 +6,7 @@ import posixpath
 from collections.abc import Iterable
 from typing import Any
 
-from starttrace.analysis.model import Lane, RunModel, SpanNode
+from starttrace.analysis.model import Lane, RunModel, SpanNode, select
 from starttrace.analysis.phases import merge_intervals
 
 SEVERITIES = ("error", "warning", "info")
@@ -72,7 +72,7 @@ def module_list(modules: list[str], limit: int | None = None) -> str:
 
 
 def is_forkserver(lane: Lane) -> bool:
-    return lane.role == "forkserver" or any(n.phase == "forkserver_preload" for n in lane.spans)
+    return lane.role == "forkserver" or bool(select(lane.spans, ("forkserver_preload",)))
 
 
 def launcher_lane(model: RunModel, lane: Lane) -> Lane | None:
@@ -149,25 +149,25 @@ def subtree_modules(node: SpanNode, memo: dict[str, frozenset[str]]) -> frozense
 
 def preload_list(lane: Lane) -> list[str]:
     """What a forkserver preloads: its `forkserver.preload` list, else its `preload X` spans."""
-    for n in lane.spans:
+    for n in select(lane.spans, ("forkserver_preload",)):
         pre = n.attrs.get("starttrace.preload")
-        if n.phase == "forkserver_preload" and isinstance(pre, list):
+        if isinstance(pre, list):
             return [str(m) for m in pre]
     return [n.name[8:] for n in lane.spans if n.name.startswith("preload ")]
 
 
 def preload_span(lane: Lane) -> SpanNode | None:
-    outer = [n for n in lane.spans if n.name == "forkserver.preload"]
+    outer = select(lane.spans, (), ("forkserver.preload",))
     if outer:
         return outer[0]
-    parts = [n for n in lane.spans if n.phase == "forkserver_preload"]
+    parts = select(lane.spans, ("forkserver_preload",))
     return min(parts, key=lambda n: n.depth) if parts else None
 
 
 def forkserver_modules(lane: Lane) -> set[str]:
     """Everything a forkserver holds for its children: its preload list, imports, preloaded."""
     out = set(preload_list(lane)) | set(lane.preloaded)
-    out.update(n.module for n in lane.spans if n.phase in ("import", "forkserver_preload") and n.module)
+    out.update(n.module for n in select(lane.spans, ("import", "forkserver_preload")) if n.module)
     return out
 
 
@@ -194,9 +194,9 @@ def _modules_from_file(model: RunModel, path: str) -> set[str]:
     want = posixpath.normpath(path)
     base = posixpath.basename(want)
     out = set()
-    for n in model.spans:
+    for n in select(model.spans, ("import",)):  # imports first: reading an attribute decodes it
         file = n.attrs.get("code.file.path")
-        if n.phase == "import" and isinstance(file, str) and posixpath.basename(file) == base:
+        if isinstance(file, str) and posixpath.basename(file) == base:
             if file == want or file.endswith("/" + want.lstrip("./")):
                 mod = n.module
                 if mod:
@@ -207,9 +207,7 @@ def _modules_from_file(model: RunModel, path: str) -> set[str]:
 def cuda_chains(model: RunModel) -> dict[str, tuple[Lane, list[str]]]:
     """Modules whose import ran `cuda.init`, with a lane where it happened and the chain."""
     out: dict[str, tuple[Lane, list[str]]] = {}
-    for n in model.spans:
-        if n.phase != "cuda_init" and n.name != "cuda.init":
-            continue
+    for n in select(model.spans, ("cuda_init",), ("cuda.init",)):
         chain = [n.name]
         p = n.parent_node
         lane = model.lanes[n.lane]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from starttrace.analysis.findings.common import finding, is_forkserver
-from starttrace.analysis.model import Lane, RunModel, SpanNode
+from starttrace.analysis.model import Lane, RunModel, SpanNode, select
 
 
 def _chain(n: SpanNode, lane_index: int) -> list[str]:
@@ -63,15 +63,16 @@ def cuda_audit(model: RunModel) -> dict[str, Any]:
     issues: list[dict[str, Any]] = []
     cuda_lanes = 0
     for lane in model.lanes:
-        cudas = [n for n in lane.spans if n.phase == "cuda_init" or n.name == "cuda.init"]
+        cudas = select(lane.spans, ("cuda_init",), ("cuda.init",))
         flagged = bool(lane.resource.get("starttrace.cuda_before_fork") is True) or any(
-            n.attrs.get("starttrace.cuda_before_fork") is True for n in lane.spans if n.phase == "process"
+            n.attrs.get("starttrace.cuda_before_fork") is True for n in select(lane.spans, ("process",))
         )
         if cudas:
             cuda_lanes += 1
         is_fs = is_forkserver(lane)
         for c in cudas:
-            forks = [n for n in lane.spans if _is_fork(n) and n.start >= c.start]
+            launches = select(lane.spans, ("fork", "launch"), ("process.fork", "process.launch"))
+            forks = [n for n in launches if _is_fork(n) and n.start >= c.start]
             if not forks and not is_fs:
                 continue
             issue = _issue(model, lane, "forkserver_cuda" if is_fs else "cuda_before_fork")

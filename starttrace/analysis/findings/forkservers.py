@@ -20,7 +20,7 @@ from starttrace.analysis.findings.common import (
     preload_span,
     s,
 )
-from starttrace.analysis.model import Lane, RunModel
+from starttrace.analysis.model import Lane, RunModel, select
 
 MIN_PRELOAD_S = 0.05
 
@@ -31,7 +31,7 @@ def unused_forkserver_findings(model: RunModel) -> list[dict[str, Any]]:
         if not is_forkserver(lane):
             continue
         until = cutoff_ns(model, lane)
-        forks = [n for n in lane.spans if (n.phase == "fork" or n.name == "process.fork") and n.start < until]
+        forks = [n for n in select(lane.spans, ("fork",), ("process.fork",)) if n.start < until]
         children = [ln for ln in model.lanes if ln.start_method == "forkserver" and ln.ppid == lane.pid]
         pre = preload_span(lane)
         if forks or children or pre is None or pre.duration / 1e9 < MIN_PRELOAD_S:

@@ -41,7 +41,7 @@ from starttrace.analysis.findings.common import (
     subtree_modules,
     top_imports,
 )
-from starttrace.analysis.model import Lane, RunModel, SpanNode
+from starttrace.analysis.model import Lane, RunModel, SpanNode, select
 
 MIN_RANKS = 2
 MIN_MODULE_S = 0.0001  # modules cheaper than this per rank are not listed
@@ -235,8 +235,8 @@ def _estimate(model: RunModel, group: Group, per_rank: list[float], modules: lis
 def _fastest_imports(model: RunModel, modules: list[str]) -> int:
     wanted = set(modules)
     best: dict[str, int] = {}
-    for n in model.spans:
-        mod = n.module if n.phase == "import" else None
+    for n in select(model.spans, ("import",)):
+        mod = n.module
         if mod in wanted and not n.in_progress and not n.error:
             best[mod] = min(best.get(mod, n.duration), n.duration)  # type: ignore[index]
     return sum(best.values()) if len(best) == len(wanted) else 1 << 62
