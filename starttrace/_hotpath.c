@@ -2014,6 +2014,120 @@ select_c(PyObject *module, PyObject *args)
     return out;
 }
 
+/* critical_path._candidates for one lane: the spans that can be steps (not `proc`, no structural
+   phase, not instant, duration > 0), ordered by end, the longest first among equal ends, then in
+   lane order (what two stable sorts give: by duration descending, then by end); and their ends.
+   None when a time is not an int in [0, 2**63) (the Python code then does it). */
+typedef struct {
+    long long end, duration;
+    Py_ssize_t index;
+    PyObject *node;
+} Candidate;
+
+static int
+candidate_order(const void *a, const void *b)
+{
+    const Candidate *x = a, *y = b;
+    if (x->end != y->end) {
+        return x->end < y->end ? -1 : 1;
+    }
+    if (x->duration != y->duration) {
+        return x->duration > y->duration ? -1 : 1;
+    }
+    return x->index < y->index ? -1 : (x->index > y->index ? 1 : 0);
+}
+
+static PyObject *
+step_candidates(PyObject *module, PyObject *args)
+{
+    PyObject *spans, *proc, *node_type, *structural;
+    if (!PyArg_ParseTuple(args, "O!OOO!:step_candidates", &PyList_Type, &spans, &proc, &node_type, &PyTuple_Type,
+                          &structural)) {
+        return NULL;
+    }
+    TreeSlots *t = tree_slots_of(node_type);
+    if (t == NULL) {
+        return NULL;
+    }
+    Py_ssize_t o_instant = slot_offset(t->type, "instant"), o_duration = slot_offset(t->type, "duration");
+    Py_ssize_t o_eff = slot_offset(t->type, "eff_end");
+    if (o_instant < 0 || o_duration < 0 || o_eff < 0) {
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(spans), used = 0;
+    Candidate *c = PyMem_Malloc(sizeof(Candidate) * (size_t)(count > 0 ? count : 1));
+    if (c == NULL) {
+        return PyErr_NoMemory();
+    }
+    PyObject *result = NULL, *cand = NULL, *ends = NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *n = PyList_GET_ITEM(spans, i);
+        if (n == proc) {
+            continue;
+        }
+        if (!Py_IS_TYPE(n, t->type) || SLOT(n, t->phase) == NULL || SLOT(n, o_instant) == NULL ||
+            SLOT(n, o_duration) == NULL || SLOT(n, o_eff) == NULL) {
+            PyErr_SetString(PyExc_TypeError, "step_candidates: spans must be built span nodes");
+            goto done;
+        }
+        int skip = in_names(SLOT(n, t->phase), structural);
+        if (skip == 0) {
+            skip = PyObject_IsTrue(SLOT(n, o_instant));
+        }
+        if (skip != 0) {
+            if (skip < 0) {
+                goto done;
+            }
+            continue;
+        }
+        long long duration, end;
+        if (!PyLong_CheckExact(SLOT(n, o_duration))) { /* the Python code compares what it is */
+            Py_INCREF(Py_None);
+            result = Py_None;
+            goto done;
+        }
+        int overflow = 0;
+        duration = PyLong_AsLongLongAndOverflow(SLOT(n, o_duration), &overflow);
+        if (overflow || (duration == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            Py_INCREF(Py_None);
+            result = Py_None;
+            goto done;
+        }
+        if (duration <= 0) {
+            continue;
+        }
+        if (!as_time(SLOT(n, o_eff), &end)) {
+            Py_INCREF(Py_None);
+            result = Py_None;
+            goto done;
+        }
+        c[used].end = end;
+        c[used].duration = duration;
+        c[used].index = i;
+        c[used++].node = n;
+    }
+    qsort(c, (size_t)used, sizeof(Candidate), candidate_order);
+    cand = PyList_New(used);
+    ends = PyList_New(used);
+    if (cand == NULL || ends == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < used; i++) {
+        Py_INCREF(c[i].node);
+        PyList_SET_ITEM(cand, i, c[i].node);
+        PyObject *end = SLOT(c[i].node, o_eff);
+        Py_INCREF(end);
+        PyList_SET_ITEM(ends, i, end);
+    }
+    result = PyTuple_Pack(2, cand, ends);
+done:
+    PyMem_Free(c);
+    Py_XDECREF(cand);
+    Py_XDECREF(ends);
+    return result;
+}
+
 /* ---- spans_from_rows: the store's rows as the run type ------------------------------------- */
 
 /* `sources.store.run_from_rows`'s loop over one lane's stored rows (SpanTuple: trace, span id,
@@ -2146,6 +2260,8 @@ static PyMethodDef hotpath_methods[] = {
     {"subtree_modules", subtree_modules_c, METH_VARARGS, "subtree_modules(node, memo, node_type): findings.common's."},
     {"top_imports", top_imports_c, METH_VARARGS, "top_imports(spans, until, node_type): findings.common's."},
     {"covered_nodes", covered_nodes_c, METH_VARARGS, "covered_nodes(roots, covered, node_type): findings.preload's walk."},
+    {"step_candidates", step_candidates, METH_VARARGS,
+     "step_candidates(spans, proc, node_type, structural): critical_path._candidates of one lane, or None."},
     {"select", select_c, METH_VARARGS, "select(spans, node_type, phases, names, keep): analysis.model.select."},
     {"spans_from_rows", spans_from_rows, METH_VARARGS,
      "spans_from_rows(rows, span_type, lazy_type, decode, fallback, marker, text_marker, linked): (spans, marked)."},

@@ -9,6 +9,11 @@ from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, PathStep, RunMode
 
 _STRUCTURAL = tuple(sorted(STRUCTURAL_PHASES))
 
+try:  # starttrace/_hotpath.c, built at install where a C compiler is there
+    from starttrace._hotpath import step_candidates as c_step_candidates  # type: ignore[import-not-found]
+except ImportError:
+    c_step_candidates = None
+
 
 def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
     """The chain of spans that ends at the run's `ready` (else at the run's last moment).
@@ -100,6 +105,11 @@ def _candidates(lanes: list[Lane]) -> tuple[list[list[SpanNode]], list[list[int]
     ends: list[list[int]] = []
     for lane in lanes:
         proc = lane.process_span
+        done = c_step_candidates(lane.spans, proc, SpanNode, _STRUCTURAL) if c_step_candidates is not None else None
+        if done is not None:  # in C: None when a time is beyond 64 bits
+            per_lane.append(done[0])
+            ends.append(done[1])
+            continue
         # _can_be_a_step, inline: it runs for every span
         cand = [
             n for n in select(lane.spans, _STRUCTURAL, keep=False) if n is not proc and not n.instant and n.duration > 0
@@ -136,7 +146,7 @@ def _target(model: RunModel) -> tuple[int, int]:
     """Where the path ends: the run's `ready`, else the span that ended last."""
     if model.ready_ns is not None:
         ready = min(
-            (n for n in model.spans if n.start == model.ready_ns and n.name == "ready"),
+            (n for n in select(model.spans, (), ("ready",)) if n.start == model.ready_ns),
             key=lambda n: n.idx,
             default=None,
         )

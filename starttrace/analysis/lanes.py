@@ -58,8 +58,8 @@ def _build(run: Run, now_ns: int | None, stall_s: float | None = None) -> RunMod
     lanes_by_id = {p.instance_id: _lane_of(p, run.service) for p in run.processes}
     nodes, by_id = _span_nodes(run, lanes_by_id)
     # nodes are sorted by start: the first match is the earliest
-    ready_ns = next((n.start for n in nodes if n.name == "ready"), None)
-    roots = [n for n in nodes if n.phase == "startup" and n.parent not in by_id]
+    ready_ns = next((n.start for n in select(nodes, (), ("ready",))), None)
+    roots = [n for n in select(nodes, ("startup",)) if n.parent not in by_id]
     status = _status(ready_ns, roots, list(lanes_by_id.values()))
     t_first = nodes[0].start if nodes else None
     t_last = max([n.start if n.end is None else n.end for n in nodes], default=0)

@@ -15,7 +15,7 @@ import pytest
 from synth_runs import make_run, protobuf_batches
 
 from starttrace import run as run_module
-from starttrace.analysis import lanes
+from starttrace.analysis import critical_path, lanes
 from starttrace.analysis import model as model_module
 from starttrace.analysis.findings import common
 from starttrace.analysis.findings.preload import covered_nodes
@@ -45,6 +45,7 @@ def _build(make: Callable[[], Run], c: bool, monkeypatch: pytest.MonkeyPatch, ra
             for name in ("c_import_children", "c_subtree_modules", "c_top_imports", "c_covered_nodes"):
                 m.setattr(common, name, None)
             m.setattr(model_module, "c_select", None)
+            m.setattr(critical_path, "c_step_candidates", None)
         return build_model(make(), now_ns=NOW)
 
 
@@ -71,6 +72,7 @@ def _same(make: Callable[[], Run], monkeypatch: pytest.MonkeyPatch) -> RunModel:
     assert in_c.hotspots == in_python.hotspots and in_c.hotspots
     facts = lambda model: [(list(ln.phases.items()), ln.coverage, ln.gaps) for ln in model.lanes]  # noqa: E731
     assert facts(in_c) == facts(in_python)  # phases in the same order too
+    assert in_c.critical_path == in_python.critical_path
     dump = lambda model: json.dumps(to_json(model), sort_keys=True, default=str)  # noqa: E731
     assert dump(in_c) == dump(in_python)
     return in_c
@@ -232,3 +234,19 @@ def test_select_matches(monkeypatch: pytest.MonkeyPatch) -> None:
         m.setattr(model_module, "c_select", None)
         assert picks() == in_c
     assert in_c[3] == [] and len(in_c[7]) == len(spans) and "a4" in in_c[1] and "a11" in in_c[1]
+
+
+def test_step_candidates_match(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The critical path's candidates per lane (by end, the longest first among equal ends, then in
+    lane order) in C and in Python, on a stored run and on one with ties and huge times."""
+    if critical_path.c_step_candidates is None:
+        pytest.skip("starttrace._hotpath is not built here")
+    stored = _stored(make_run(run_id="r", ranks=3, imports_per_rank=300, seed=9), tmp_path)
+    for make in (stored, _odd_run):
+        model = build_model(make(), now_ns=NOW)
+        in_c = critical_path._candidates(model.lanes)
+        with monkeypatch.context() as m:
+            m.setattr(critical_path, "c_step_candidates", None)
+            in_python = critical_path._candidates(model.lanes)
+        assert [[n.id for n in lane] for lane in in_c[0]] == [[n.id for n in lane] for lane in in_python[0]]
+        assert in_c[1] == in_python[1] and sum(map(len, in_c[1])) > 5
