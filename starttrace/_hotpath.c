@@ -1962,6 +1962,73 @@ fail:
     return NULL;
 }
 
+/* findings.preload.covering's walk over one rank's import trees: from each root down, a node whose
+   module is in `allowed` and that did not fail is picked (and not walked into); a node whose module
+   is in `flagged` is noted; every other node is walked into. Returns (picked, noted), in walk order. */
+static PyObject *
+pick_walk(PyObject *module, PyObject *args)
+{
+    PyObject *roots, *allowed, *flagged, *node_type;
+    if (!PyArg_ParseTuple(args, "O!OOO:pick_walk", &PyList_Type, &roots, &allowed, &flagged, &node_type)) {
+        return NULL;
+    }
+    if (!PyAnySet_Check(allowed) || !PyAnySet_Check(flagged)) {
+        PyErr_SetString(PyExc_TypeError, "pick_walk: allowed and flagged must be sets");
+        return NULL;
+    }
+    TreeSlots *t = tree_slots_of(node_type);
+    Py_ssize_t o_error = t == NULL ? -1 : slot_offset(t->type, "error");
+    if (o_error < 0) {
+        return NULL;
+    }
+    PyObject *picked = PyList_New(0), *noted = PyList_New(0), *result = NULL;
+    Stack st = {NULL, 0, 0};
+    if (picked == NULL || noted == NULL || stack_push_all(&st, roots) < 0) {
+        goto done;
+    }
+    while (st.size > 0) {
+        PyObject *n = st.items[--st.size];
+        PyObject *mod = Py_IS_TYPE(n, t->type) ? node_slot(n, t->module, "module") : NULL;
+        PyObject *error = mod == NULL ? NULL : node_slot(n, o_error, "error");
+        if (error == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "pick_walk: not a span node");
+            }
+            goto done;
+        }
+        int in = mod == Py_None ? 0 : PySet_Contains(allowed, mod);
+        if (in < 0) {
+            goto done;
+        }
+        if (in) {
+            int failed = PyObject_IsTrue(error);
+            if (failed < 0) {
+                goto done;
+            }
+            if (!failed) {
+                if (PyList_Append(picked, n) < 0) {
+                    goto done;
+                }
+                continue;
+            }
+        }
+        int note = mod == Py_None ? 0 : PySet_Contains(flagged, mod);
+        if (note < 0 || (note && PyList_Append(noted, n) < 0)) {
+            goto done;
+        }
+        PyObject *inner = imports_of(t, n);
+        if (inner == NULL || stack_push_all(&st, inner) < 0) {
+            goto done;
+        }
+    }
+    result = PyTuple_Pack(2, picked, noted);
+done:
+    PyMem_Free(st.items);
+    Py_XDECREF(picked);
+    Py_XDECREF(noted);
+    return result;
+}
+
 /* analysis.model.select: the nodes whose phase is one of `phases` or whose name is one of `names`
    (tuples), or with `keep` false all the others; in their order. */
 static int
@@ -2262,6 +2329,7 @@ static PyMethodDef hotpath_methods[] = {
     {"covered_nodes", covered_nodes_c, METH_VARARGS, "covered_nodes(roots, covered, node_type): findings.preload's walk."},
     {"step_candidates", step_candidates, METH_VARARGS,
      "step_candidates(spans, proc, node_type, structural): critical_path._candidates of one lane, or None."},
+    {"pick_walk", pick_walk, METH_VARARGS, "pick_walk(roots, allowed, flagged, node_type): (picked, noted)."},
     {"select", select_c, METH_VARARGS, "select(spans, node_type, phases, names, keep): analysis.model.select."},
     {"spans_from_rows", spans_from_rows, METH_VARARGS,
      "spans_from_rows(rows, span_type, lazy_type, decode, fallback, marker, text_marker, linked): (spans, marked)."},

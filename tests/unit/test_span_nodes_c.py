@@ -29,6 +29,7 @@ from starttrace.views.json import to_json
 
 PHASE, MODULE, SELF_US = HOT_KEYS
 NOW = 1_800_000_000_000_000_000
+C_WALKS = ("c_import_children", "c_subtree_modules", "c_top_imports", "c_covered_nodes", "c_pick_walk")
 pytestmark = pytest.mark.skipif(lanes.c_span_nodes is None, reason="starttrace._hotpath is not built here")
 
 
@@ -42,7 +43,7 @@ def _build(make: Callable[[], Run], c: bool, monkeypatch: pytest.MonkeyPatch, ra
             m.setattr(lanes, "c_hotspot_sums", None)
             m.setattr(lanes, "c_set_durations", None)
             m.setattr(lanes, "c_phase_intervals", None)
-            for name in ("c_import_children", "c_subtree_modules", "c_top_imports", "c_covered_nodes"):
+            for name in C_WALKS:
                 m.setattr(common, name, None)
             m.setattr(model_module, "c_select", None)
             m.setattr(critical_path, "c_step_candidates", None)
@@ -196,7 +197,7 @@ def test_the_import_tree_walks_match(monkeypatch: pytest.MonkeyPatch) -> None:
         model = build_model(_odd_run(), now_ns=NOW)
         with monkeypatch.context() as m:
             if python:
-                for name in ("c_import_children", "c_subtree_modules", "c_top_imports", "c_covered_nodes"):
+                for name in C_WALKS:
                     m.setattr(common, name, None)
             memo: dict[str, frozenset[str]] = {}
             ids = lambda nodes: [n.id for n in nodes]  # noqa: E731

@@ -16,8 +16,9 @@ try:  # the import-tree walks in C (starttrace/_hotpath.c, built at install wher
 
     c_import_children, c_subtree_modules = _hotpath.import_children, _hotpath.subtree_modules
     c_top_imports, c_covered_nodes = _hotpath.top_imports, _hotpath.covered_nodes
+    c_pick_walk = _hotpath.pick_walk
 except ImportError:
-    c_import_children = c_subtree_modules = c_top_imports = c_covered_nodes = None
+    c_import_children = c_subtree_modules = c_top_imports = c_covered_nodes = c_pick_walk = None
 WAIT_NAMES = ("barrier", "all_reduce", "allreduce", "all_gather", "broadcast", "collective", "wait_for")
 
 

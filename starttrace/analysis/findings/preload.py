@@ -124,6 +124,16 @@ def covering(model: RunModel, group: Group, tainted: dict[str, tuple[Lane, list[
     }
     picks: dict[str, list[SpanNode]] = {}
     refused: dict[str, str] = {}
+    if common.c_pick_walk is not None:  # the same walk in C
+        flagged = {mod for mod in tainted if count[mod] >= MIN_RANKS}
+        for roots in tops.values():
+            picked, noted = common.c_pick_walk(roots, allowed, flagged, SpanNode)
+            for n in picked:
+                picks.setdefault(n.module, []).append(n)
+            for n in noted:
+                if n.module not in refused:
+                    refused[n.module] = _refusal(tainted[n.module])
+        return _keep(group, picks, memo, refused, {ln.index: cutoff_ns(model, ln) for ln in group.lanes})
     for roots in tops.values():
         stack = list(roots)
         while stack:
@@ -133,10 +143,14 @@ def covering(model: RunModel, group: Group, tainted: dict[str, tuple[Lane, list[
                 picks.setdefault(mod, []).append(n)
                 continue
             if mod in tainted and count[mod] >= MIN_RANKS and mod not in refused:
-                where, chain = tainted[mod]
-                refused[mod] = f"its import ran cuda.init in {where.label} ({' -> '.join(chain)})"
+                refused[mod] = _refusal(tainted[mod])
             stack.extend(import_children(n))
     return _keep(group, picks, memo, refused, {ln.index: cutoff_ns(model, ln) for ln in group.lanes})
+
+
+def _refusal(taint: tuple[Lane, list[str]]) -> str:
+    where, chain = taint
+    return f"its import ran cuda.init in {where.label} ({' -> '.join(chain)})"
 
 
 def _keep(
