@@ -1,7 +1,8 @@
-"""Builds starttrace's optional C core (starttrace/_hotpath.c) when the package is built or installed.
+"""Builds starttrace's optional C cores when the package is built or installed: the hot path's
+(starttrace/_hotpath.c) and the service's model build's (starttrace/_modelcore.c).
 
-Without a C compiler, or when STARTTRACE_BUILD_PURE=1, the wheel is pure Python and the hot path
-runs its Python code: the same records, at a higher cost per event (docs/benchmarks.md). An
+Without a C compiler, or when STARTTRACE_BUILD_PURE=1, the wheel is pure Python and both run their
+Python code: the same records and models, at a higher cost (docs/benchmarks.md). An
 editable install (`pip install -e`) compiles into the source tree, where that install imports
 from; a wheel's copy is compiled in a temporary folder, so building one leaves the tree as it was.
 """
@@ -17,19 +18,25 @@ from pathlib import Path
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SOURCE = Path("starttrace") / "_hotpath.c"
+SOURCES = (Path("starttrace") / "_hotpath.c", Path("starttrace") / "_modelcore.c")
 
 
-def compile_hotpath(root: Path, into: Path) -> Path | None:
-    """Compile the extension into the folder `into`; its path, or None (reason on stderr)."""
+def compile_extensions(root: Path, into: Path) -> list[Path]:
+    """Compile each of SOURCES into the folder `into`; the paths built (a reason on stderr for each
+    one that is not)."""
     if os.environ.get("STARTTRACE_BUILD_PURE", "").strip() not in ("", "0"):
-        return None
-    source = root / SOURCE
-    target = into / ("_hotpath" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+        return []
     compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
     if not compiler or shutil.which(compiler[0]) is None:
-        print(f"starttrace: no C compiler ({compiler[:1]}): building the pure-Python hot path", file=sys.stderr)
-        return None
+        print(f"starttrace: no C compiler ({compiler[:1]}): building pure Python", file=sys.stderr)
+        return []
+    built = [compile_extension(compiler, root / source, into) for source in SOURCES]
+    return [path for path in built if path is not None]
+
+
+def compile_extension(compiler: list[str], source: Path, into: Path) -> Path | None:
+    """Compile one extension into `into`; its path, or None (reason on stderr)."""
+    target = into / (source.stem + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
     include = sysconfig.get_paths()["include"]
     partial = target.with_name(f".{target.name}.{os.getpid()}")
     command = [
@@ -46,7 +53,7 @@ def compile_hotpath(root: Path, into: Path) -> Path | None:
     ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        print(f"starttrace: building {SOURCE} failed, pure-Python hot path:\n{done.stderr}", file=sys.stderr)
+        print(f"starttrace: building {source.name} failed, its Python code runs:\n{done.stderr}", file=sys.stderr)
         partial.unlink(missing_ok=True)
         return None
     os.replace(partial, target)  # processes running the old file keep their mapping of it
@@ -60,14 +67,14 @@ class CustomBuildHook(BuildHookInterface):
         if self.target_name != "wheel":
             return
         root = Path(self.root)
-        if version == "editable":  # the install imports the file from the source tree
-            built = compile_hotpath(root, root / SOURCE.parent)
+        if version == "editable":  # the install imports the files from the source tree
+            built = compile_extensions(root, root / "starttrace")
         else:
-            self._scratch = Path(tempfile.mkdtemp(prefix="starttrace-hotpath-"))
-            built = compile_hotpath(root, self._scratch)
-            if built is not None:
-                build_data["force_include"][str(built)] = f"starttrace/{built.name}"
-        if built is not None:
+            self._scratch = Path(tempfile.mkdtemp(prefix="starttrace-c-"))
+            built = compile_extensions(root, self._scratch)
+            for path in built:
+                build_data["force_include"][str(path)] = f"starttrace/{path.name}"
+        if built:
             build_data["pure_python"] = False
             build_data["infer_tag"] = True
 

@@ -21,7 +21,7 @@ if [ "$APT" = 1 ]; then
   command -v chromedriver >/dev/null || missing+=(chromium-driver)
   command -v promtool >/dev/null || missing+=(prometheus)
   command -v faketime >/dev/null || missing+=(faketime)  # the multi-node simulation (tests/integration/test_multinode.py)
-  command -v cc >/dev/null || missing+=(gcc)  # the C core of the hot path (hatch_build.py); pure Python without
+  command -v cc >/dev/null || missing+=(gcc)  # the C cores (hatch_build.py); pure Python without
   if [ "${#missing[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
       echo "== apt-get install ${missing[*]}"

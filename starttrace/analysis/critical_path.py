@@ -9,8 +9,8 @@ from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, PathStep, RunMode
 
 _STRUCTURAL = tuple(sorted(STRUCTURAL_PHASES))
 
-try:  # starttrace/_hotpath.c, built at install where a C compiler is there
-    from starttrace._hotpath import step_candidates as c_step_candidates  # type: ignore[import-not-found]
+try:  # starttrace/_modelcore.c, built at install where a C compiler is there
+    from starttrace._modelcore import step_candidates as c_step_candidates  # type: ignore[import-not-found]
 except ImportError:
     c_step_candidates = None
 

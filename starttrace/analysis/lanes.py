@@ -28,12 +28,12 @@ from starttrace.analysis.nodes import node_key, node_names, node_order
 from starttrace.analysis.phases import merge_intervals, phase_by_name, union_ns
 from starttrace.run import HOT_KEYS, Process, Run, Span, gc_paused, hot_values, int_or_none
 
-try:  # the per-span loops in C (starttrace/_hotpath.c, built at install where a C compiler is there)
-    from starttrace import _hotpath  # type: ignore[attr-defined]
+try:  # the per-span loops in C (starttrace/_modelcore.c, built at install where a C compiler is there)
+    from starttrace import _modelcore  # type: ignore[attr-defined]
 
-    c_span_nodes, c_link_tree = _hotpath.span_nodes, _hotpath.link_tree
-    c_set_durations, c_hotspot_sums = _hotpath.set_durations, _hotpath.hotspot_sums
-    c_phase_intervals = _hotpath.phase_intervals
+    c_span_nodes, c_link_tree = _modelcore.span_nodes, _modelcore.link_tree
+    c_set_durations, c_hotspot_sums = _modelcore.set_durations, _modelcore.hotspot_sums
+    c_phase_intervals = _modelcore.phase_intervals
 except ImportError:
     c_span_nodes = c_link_tree = c_set_durations = c_hotspot_sums = c_phase_intervals = None
 

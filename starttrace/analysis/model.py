@@ -210,8 +210,8 @@ def select(
     return [n for n in spans if not (n.phase in phases or n.name in names)]
 
 
-try:  # starttrace/_hotpath.c, built at install where a C compiler is there
-    from starttrace._hotpath import select as c_select  # type: ignore[import-not-found]
+try:  # starttrace/_modelcore.c, built at install where a C compiler is there
+    from starttrace._modelcore import select as c_select  # type: ignore[import-not-found]
 except ImportError:
     c_select = None
 

@@ -109,8 +109,8 @@ _HOT = tuple((key, _pattern(key)) for key in HOT_KEYS)
 
 _HOT_PATTERNS = tuple(pattern for _, pattern in _HOT)
 _K0, _K1, _K2 = HOT_KEYS
-try:  # the common case in C (starttrace/_hotpath.c, built at install where a C compiler is there)
-    from starttrace._hotpath import peek_attrs as c_peek_attrs  # type: ignore[import-not-found]
+try:  # the common case in C (starttrace/_modelcore.c, built at install where a C compiler is there)
+    from starttrace._modelcore import peek_attrs as c_peek_attrs  # type: ignore[import-not-found]
 except ImportError:
     c_peek_attrs = None
 
@@ -118,7 +118,7 @@ except ImportError:
 def peek_hot(raw: bytes, peeked: dict[str, Any]) -> None:
     """`peek_protobuf` of each of HOT_KEYS into `peeked` (a key that cannot be read in place is
     left out): one call per span instead of one per key, the common case (a short string value, or
-    an absent key) inline, in C where the extension is built (`_hotpath.peek_attrs`, the same rule:
+    an absent key) inline, in C where the extension is built (`_modelcore.peek_attrs`, the same rule:
     its byte searches cost ~20,000 instructions per span in Python)."""
     if c_peek_attrs is not None:
         for key, value in zip(HOT_KEYS, c_peek_attrs(raw, _HOT_PATTERNS, _MISSING, _UNKNOWN), strict=True):

@@ -43,8 +43,8 @@ from starttrace.sources.batches import IngestBatch, PackedSpans, ProcessBatch, S
 from starttrace.sources.lazy_attrs import LazyAttrs
 from starttrace.sources.otlp import span_attrs
 
-try:  # rows -> spans in C (starttrace/_hotpath.c, built at install where a C compiler is there)
-    from starttrace._hotpath import spans_from_rows as c_spans_from_rows  # type: ignore[import-not-found]
+try:  # rows -> spans in C (starttrace/_modelcore.c, built at install where a C compiler is there)
+    from starttrace._modelcore import spans_from_rows as c_spans_from_rows  # type: ignore[import-not-found]
 except ImportError:
     c_spans_from_rows = None
 
@@ -995,7 +995,7 @@ def run_from_rows(rows: RunRows) -> Run:
     linked_lanes = rows.linked_lanes
     for lane_id, lane_rows in rows.lanes.items():
         linked = linked_lanes is None or lane_id in linked_lanes
-        if c_spans_from_rows is not None:  # the same loop in C (starttrace/_hotpath.c)
+        if c_spans_from_rows is not None:  # the same loop in C (starttrace/_modelcore.c)
             spans, marked = c_spans_from_rows(
                 lane_rows, Span, LazyAttrs, span_attrs, lazy_attrs, marker, text_marker, linked
             )

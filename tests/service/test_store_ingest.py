@@ -201,10 +201,10 @@ def test_idle_checkpoint(tmp_path: Path) -> None:
 
 @pytest.fixture(params=["c", "python"])
 def rows_to_spans(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Rows become spans in C (`_hotpath.spans_from_rows`) and in Python."""
+    """Rows become spans in C (`_modelcore.spans_from_rows`) and in Python."""
     if request.param == "c":
         if store_module.c_spans_from_rows is None:
-            pytest.skip("starttrace._hotpath is not built here")
+            pytest.skip("starttrace._modelcore is not built here")
     else:
         monkeypatch.setattr(store_module, "c_spans_from_rows", None)
     return str(request.param)
@@ -215,7 +215,7 @@ def test_rows_become_the_same_spans_in_c_and_python(tmp_path: Path, monkeypatch:
     from starttrace.sources.store import run_from_rows
 
     if store_module.c_spans_from_rows is None:
-        pytest.skip("starttrace._hotpath is not built here")
+        pytest.skip("starttrace._modelcore is not built here")
     st = Store(tmp_path / "s.db")
     text = [_span(1, 2000, attrs={"starttrace.launched_by": "00000000000000aa"}), _span(2, 2000, in_progress=True)]
     text.append(("ab" * 16, f"{7:016x}", f"{1:016x}", "bare", 1500, None, 1, 1, None, "Err", 5))

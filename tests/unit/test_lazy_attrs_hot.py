@@ -19,10 +19,10 @@ PHASE, MODULE, SELF_US = HOT_KEYS
 
 @pytest.fixture(autouse=True, params=["c", "python"])
 def implementation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs with the C common case (`_hotpath.peek_attrs`) and with the Python one."""
+    """Every test runs with the C common case (`_modelcore.peek_attrs`) and with the Python one."""
     if request.param == "c":
         if lazy_attrs.c_peek_attrs is None:
-            pytest.skip("starttrace._hotpath is not built here (no C compiler at install)")
+            pytest.skip("starttrace._modelcore is not built here (no C compiler at install)")
     else:
         monkeypatch.setattr(lazy_attrs, "c_peek_attrs", None)
     return str(request.param)
@@ -89,7 +89,7 @@ def test_hot_values_in_one_call_match_the_decoded_list(name: str) -> None:
 
 
 def test_c_common_case_matches_python_on_damaged_bytes(implementation: str) -> None:
-    """`_hotpath.peek_attrs` reads stored bytes in C: on every truncation and on random byte
+    """`_modelcore.peek_attrs` reads stored bytes in C: on every truncation and on random byte
     changes of each case (invalid UTF-8 included), it finds what the Python code finds."""
     if implementation == "python":
         pytest.skip("compares the C code with the Python code: runs once, as the 'c' case")

@@ -1,4 +1,4 @@
-"""The model build's per-span loops in C (`_hotpath.span_nodes`, `link_tree`, `set_durations`,
+"""The model build's per-span loops in C (`_modelcore.span_nodes`, `link_tree`, `set_durations`,
 `hotspot_sums`) build exactly what the Python code does (`analysis.lanes._span_nodes`,
 `_link_tree`, `_set_durations`, `_hotspot_sums`): every field of every node, the same values of
 the same types, the same import hotspots, and the same views."""
@@ -30,7 +30,7 @@ from starttrace.views.json import to_json
 PHASE, MODULE, SELF_US = HOT_KEYS
 NOW = 1_800_000_000_000_000_000
 C_WALKS = ("c_import_children", "c_subtree_modules", "c_top_imports", "c_covered_nodes", "c_pick_walk")
-pytestmark = pytest.mark.skipif(lanes.c_span_nodes is None, reason="starttrace._hotpath is not built here")
+pytestmark = pytest.mark.skipif(lanes.c_span_nodes is None, reason="starttrace._modelcore is not built here")
 
 
 def _build(make: Callable[[], Run], c: bool, monkeypatch: pytest.MonkeyPatch, raw_reader: bool = True) -> RunModel:
@@ -191,7 +191,7 @@ def test_the_import_tree_walks_match(monkeypatch: pytest.MonkeyPatch) -> None:
     """`import_children`, `subtree_modules`, `top_imports`, `covered_nodes` (what the `preload`
     findings walk) in C and in Python, on every node of a run with parent cycles."""
     if common.c_top_imports is None:
-        pytest.skip("starttrace._hotpath is not built here")
+        pytest.skip("starttrace._modelcore is not built here")
 
     def walks(python: bool) -> list[Any]:
         model = build_model(_odd_run(), now_ns=NOW)
@@ -222,7 +222,7 @@ def test_the_import_tree_walks_match(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_select_matches(monkeypatch: pytest.MonkeyPatch) -> None:
     """`analysis.model.select` in C and in Python: by phase, by name, both, and the others."""
     if model_module.c_select is None:
-        pytest.skip("starttrace._hotpath is not built here")
+        pytest.skip("starttrace._modelcore is not built here")
     spans = build_model(_odd_run(), now_ns=NOW).spans
     asks = [(("import",), ()), (("cuda_init",), ("cuda.init", "ready")), ((), ("process",)), (("nothing",), ())]
 
@@ -241,7 +241,7 @@ def test_step_candidates_match(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     """The critical path's candidates per lane (by end, the longest first among equal ends, then in
     lane order) in C and in Python, on a stored run and on one with ties and huge times."""
     if critical_path.c_step_candidates is None:
-        pytest.skip("starttrace._hotpath is not built here")
+        pytest.skip("starttrace._modelcore is not built here")
     stored = _stored(make_run(run_id="r", ranks=3, imports_per_rank=300, seed=9), tmp_path)
     for make in (stored, _odd_run):
         model = build_model(make(), now_ns=NOW)

@@ -11,12 +11,12 @@ from starttrace.analysis.phases import merge_intervals
 
 SEVERITIES = ("error", "warning", "info")
 RANK_ROLES = ("worker", "child")  # roles whose processes are ranks (the EngineCore is not one)
-try:  # the import-tree walks in C (starttrace/_hotpath.c, built at install where a C compiler is there)
-    from starttrace import _hotpath  # type: ignore[attr-defined]
+try:  # the import-tree walks in C (starttrace/_modelcore.c, built at install where a C compiler is there)
+    from starttrace import _modelcore  # type: ignore[attr-defined]
 
-    c_import_children, c_subtree_modules = _hotpath.import_children, _hotpath.subtree_modules
-    c_top_imports, c_covered_nodes = _hotpath.top_imports, _hotpath.covered_nodes
-    c_pick_walk = _hotpath.pick_walk
+    c_import_children, c_subtree_modules = _modelcore.import_children, _modelcore.subtree_modules
+    c_top_imports, c_covered_nodes = _modelcore.top_imports, _modelcore.covered_nodes
+    c_pick_walk = _modelcore.pick_walk
 except ImportError:
     c_import_children = c_subtree_modules = c_top_imports = c_covered_nodes = c_pick_walk = None
 WAIT_NAMES = ("barrier", "all_reduce", "allreduce", "all_gather", "broadcast", "collective", "wait_for")

@@ -1,0 +1,1785 @@
+/* starttrace._modelcore: the C core of the service's model build (optional; the Python code does
+   the same).
+
+   Not the traced program's hot path (that is `_hotpath.c`) but the service's: the first answer for
+   a run of 100k spans waits for its waterfall model, and the passes of that build that touch every
+   span one by one cost tens of thousands of instructions per span in Python. Each function here is
+   one such loop, written over the slots of the objects it reads and writes (`run.Span`,
+   `analysis.model.SpanNode`, `sources.lazy_attrs.LazyAttrs`) at the offsets their member
+   descriptors name, and called from the Python function it replaces, which stays the reference and
+   the fallback (tests/unit/test_span_nodes_c.py and tests/service/test_store_ingest.py compare
+   the two on every field). Built by hatch_build.py with `_hotpath.c`; STARTTRACE_PURE_PYTHON does
+   not apply (it is about the traced program). */
+
+#define _GNU_SOURCE /* memmem */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
+#include <string.h>
+
+/* ---- peek_attrs: the service's cold model build ------------------------------------------- */
+
+/* Not the traced program's hot path but the service's: building the waterfall model asks every
+   stored span for the same three attributes (sources/lazy_attrs.py, `peek_hot`), and in Python the
+   byte searches for them cost ~20,000 instructions per span, a quarter of the build. This is the
+   common case of `peek_hot`, the same rule: a key whose pattern is not in the bytes is missing;
+   one that occurs once, as a short string value of a top-level `Span.attributes` entry, is that
+   string; anything else is `unknown` (the Python code reads it, or decodes the whole list). */
+
+/* The first occurrence of pat (m >= 2 bytes) in hay[from:n], or -1. Scans for the pattern's second
+   byte (the key's length: rare in span bytes; the first, a 0x0A tag, is everywhere). */
+static Py_ssize_t
+find_from(const unsigned char *hay, Py_ssize_t n, Py_ssize_t from, const unsigned char *pat, Py_ssize_t m)
+{
+    Py_ssize_t last = n - m; /* the last place the pattern can start */
+    Py_ssize_t i = from + 1; /* where its second byte is looked for */
+    while (i <= last + 1) {
+        const unsigned char *hit = memchr(hay + i, pat[1], (size_t)(last + 1 - i + 1));
+        if (hit == NULL) {
+            return -1;
+        }
+        i = hit - hay;
+        if (hay[i - 1] == pat[0] && memcmp(hit + 1, pat + 2, (size_t)(m - 2)) == 0) {
+            return i - 1;
+        }
+        i++;
+    }
+    return -1;
+}
+
+/* One pattern's value in b[0:n]: a new reference to the string, or to missing or unknown; NULL
+   with an exception set only for an error other than invalid UTF-8. */
+static PyObject *
+peek_one(const unsigned char *b, Py_ssize_t n, const unsigned char *pat, Py_ssize_t plen, PyObject *missing,
+         PyObject *unknown)
+{
+    Py_ssize_t at = find_from(b, n, 0, pat, plen);
+    if (at < 0) {
+        Py_INCREF(missing);
+        return missing;
+    }
+    if (find_from(b, n, at + 1, pat, plen) < 0 && at + plen < n) {
+        /* J <kv len> | pattern | <value len> 0x0A <string len> <string>, every length one byte */
+        Py_ssize_t pos = at + plen;
+        Py_ssize_t size = b[pos];
+        if (size >= 2 && size < 0x80 && pos + 1 + size <= n && at >= 2 && b[at - 2] == 0x4A &&
+            (Py_ssize_t)b[at - 1] == plen + 1 + size && b[pos + 1] == 0x0A && (Py_ssize_t)b[pos + 2] == size - 2) {
+            PyObject *text = PyUnicode_DecodeUTF8((const char *)b + pos + 3, size - 2, NULL);
+            if (text != NULL) {
+                return text;
+            }
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                return NULL;
+            }
+            PyErr_Clear(); /* unknown: the Python code finds it cannot be read either */
+        }
+    }
+    Py_INCREF(unknown);
+    return unknown;
+}
+
+static int
+check_patterns(PyObject *patterns)
+{
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(patterns); k++) {
+        PyObject *p = PyTuple_GET_ITEM(patterns, k);
+        if (!PyBytes_Check(p) || PyBytes_GET_SIZE(p) < 2) {
+            PyErr_SetString(PyExc_TypeError, "peek_attrs: patterns must be bytes of two or more");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+peek_attrs(PyObject *module, PyObject *args)
+{
+    Py_buffer raw;
+    PyObject *patterns, *missing, *unknown;
+    if (!PyArg_ParseTuple(args, "y*O!OO:peek_attrs", &raw, &PyTuple_Type, &patterns, &missing, &unknown)) {
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (check_patterns(patterns) < 0 || (out = PyTuple_New(PyTuple_GET_SIZE(patterns))) == NULL) {
+        PyBuffer_Release(&raw);
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(patterns); k++) {
+        PyObject *p = PyTuple_GET_ITEM(patterns, k);
+        PyObject *value = peek_one(raw.buf, raw.len, (const unsigned char *)PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p),
+                                   missing, unknown);
+        if (value == NULL) {
+            Py_DECREF(out);
+            PyBuffer_Release(&raw);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(out, k, value);
+    }
+    PyBuffer_Release(&raw);
+    return out;
+}
+
+/* ---- span_nodes, link_tree: the service's model build -------------------------------------- */
+
+/* `analysis.lanes._span_nodes` and `_link_tree`, the two passes of the model build that touch every
+   span's fields one by one (in Python ~21,000 instructions per span, a third of the build). The
+   Python functions stay the reference and the fallback; these do the same, step for step
+   (tests/unit/test_span_nodes_c.py builds every model both ways and compares them). SpanNode's
+   fields are written straight into its slots, at the offsets its member descriptors name. */
+
+enum {
+    N_ATTRS, N_CHILDREN, N_DEPTH, N_END, N_ERROR, N_ID, N_IMPORTS, N_IN_PROGRESS, N_INSTANT, N_LANE, N_MODULE,
+    N_NAME, N_PARENT, N_PARENT_NODE, N_PHASE, N_POS, N_SELF_US, N_START, N_THREAD, N_SLOTS
+};
+static const char *const NODE_SLOT_NAMES[N_SLOTS] = {
+    "attrs", "children", "depth", "end", "error", "id", "imports", "in_progress", "instant", "lane", "module",
+    "name", "parent", "parent_node", "phase", "pos", "self_us", "start", "thread",
+};
+enum { S_SPAN_ID, S_PARENT_ID, S_NAME, S_START_NS, S_END_NS, S_ATTRS, S_ERROR, S_THREAD, S_INSTANT, S_IN_PROGRESS, S_FIELDS };
+static const char *const SPAN_FIELD_NAMES[S_FIELDS] = {
+    "span_id", "parent_id", "name", "start_ns", "end_ns", "attrs", "error", "thread", "instant", "in_progress",
+};
+static PyObject *span_fields[S_FIELDS];
+static PyObject *str_process, *str_startup;
+static PyObject *str_import, *str_preload_phase, *str_other, *str_import_prefix, *str_preload_prefix;
+
+/* The offset of slot `name` of `type` (a T_OBJECT_EX member descriptor of it or a base), or -1. */
+static Py_ssize_t
+slot_offset(PyTypeObject *type, const char *name)
+{
+    PyObject *descr = PyObject_GetAttrString((PyObject *)type, name);
+    if (descr == NULL) {
+        return -1;
+    }
+    Py_ssize_t offset = -1;
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDescrObject *member = (PyMemberDescrObject *)descr;
+        if (member->d_member->type == T_OBJECT_EX && !(member->d_member->flags & READONLY) &&
+            PyType_IsSubtype(type, PyDescr_TYPE(member))) {
+            offset = member->d_member->offset;
+        }
+    }
+    Py_DECREF(descr);
+    if (offset < 0) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, name);
+    }
+    return offset;
+}
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))
+
+/* Store a new reference (stolen) into a slot. */
+static inline void
+slot_set(PyObject *obj, Py_ssize_t offset, PyObject *value)
+{
+    PyObject *old = SLOT(obj, offset);
+    SLOT(obj, offset) = value;
+    Py_XDECREF(old);
+}
+
+static inline void
+slot_set_borrowed(PyObject *obj, Py_ssize_t offset, PyObject *value)
+{
+    Py_INCREF(value);
+    slot_set(obj, offset, value);
+}
+
+typedef struct {
+    PyTypeObject *node_type;
+    Py_ssize_t off[N_SLOTS];
+    PyTypeObject *span_type; /* run.Span: its fields read from its slots */
+    Py_ssize_t span_off[S_FIELDS];
+    PyTypeObject *lazy_type; /* LazyAttrs */
+    Py_ssize_t lazy_peeked, lazy_raw;
+    PyObject *patterns, *keys, *missing, *unknown, *name_phases, *hot_values;
+} NodeBuild;
+
+static int
+node_build_init(NodeBuild *nb, PyObject *node_type, PyObject *span_type, PyObject *lazy_type)
+{
+    if (!PyType_Check(node_type) || !PyType_Check(span_type) || (lazy_type != Py_None && !PyType_Check(lazy_type))) {
+        PyErr_SetString(PyExc_TypeError, "span_nodes: node_type, span_type and lazy_type must be types");
+        return -1;
+    }
+    nb->span_type = (PyTypeObject *)span_type;
+    for (int k = 0; k < S_FIELDS; k++) {
+        if ((nb->span_off[k] = slot_offset(nb->span_type, SPAN_FIELD_NAMES[k])) < 0) {
+            return -1;
+        }
+    }
+    nb->node_type = (PyTypeObject *)node_type;
+    for (int k = 0; k < N_SLOTS; k++) {
+        if ((nb->off[k] = slot_offset(nb->node_type, NODE_SLOT_NAMES[k])) < 0) {
+            return -1;
+        }
+    }
+    nb->lazy_type = NULL;
+    if (lazy_type == Py_None) {
+        return 0;
+    }
+    nb->lazy_type = (PyTypeObject *)lazy_type;
+    if ((nb->lazy_peeked = slot_offset(nb->lazy_type, "_peeked")) < 0 ||
+        (nb->lazy_raw = slot_offset(nb->lazy_type, "_raw")) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* The three hot values of `attrs` (new references into out[3]), as `run.hot_values` answers them. */
+static int
+hot_of(NodeBuild *nb, PyObject *attrs, PyObject **out)
+{
+    if (PyDict_CheckExact(attrs)) {
+        for (int k = 0; k < 3; k++) {
+            PyObject *v = PyDict_GetItemWithError(attrs, PyTuple_GET_ITEM(nb->keys, k));
+            if (v == NULL && PyErr_Occurred()) {
+                for (int j = 0; j < k; j++) {
+                    Py_CLEAR(out[j]);
+                }
+                return -1;
+            }
+            out[k] = v == NULL ? Py_None : v;
+            Py_INCREF(out[k]);
+        }
+        return 0;
+    }
+    if (nb->lazy_type != NULL && Py_IS_TYPE(attrs, nb->lazy_type)) {
+        /* LazyAttrs.hot's common case: nothing read yet, protobuf bytes */
+        PyObject *peeked = SLOT(attrs, nb->lazy_peeked);
+        PyObject *raw = SLOT(attrs, nb->lazy_raw);
+        if (peeked != NULL && PyDict_CheckExact(peeked) && PyDict_GET_SIZE(peeked) == 0 && raw != NULL &&
+            PyBytes_CheckExact(raw)) {
+            PyObject *v[3] = {NULL, NULL, NULL};
+            int known = 1;
+            for (int k = 0; k < 3; k++) {
+                PyObject *p = PyTuple_GET_ITEM(nb->patterns, k);
+                v[k] = peek_one((const unsigned char *)PyBytes_AS_STRING(raw), PyBytes_GET_SIZE(raw),
+                                (const unsigned char *)PyBytes_AS_STRING(p), PyBytes_GET_SIZE(p), nb->missing,
+                                nb->unknown);
+                if (v[k] == NULL) {
+                    Py_XDECREF(v[0]);
+                    Py_XDECREF(v[1]);
+                    return -1;
+                }
+                known &= v[k] != nb->unknown;
+            }
+            if (known) {
+                PyObject *fresh = PyDict_New();
+                if (fresh == NULL) {
+                    goto fail;
+                }
+                for (int k = 0; k < 3; k++) {
+                    if (PyDict_SetItem(fresh, PyTuple_GET_ITEM(nb->keys, k), v[k]) < 0) {
+                        Py_DECREF(fresh);
+                        goto fail;
+                    }
+                }
+                slot_set(attrs, nb->lazy_peeked, fresh);
+                for (int k = 0; k < 3; k++) {
+                    if (v[k] == nb->missing) {
+                        Py_DECREF(v[k]);
+                        Py_INCREF(Py_None);
+                        v[k] = Py_None;
+                    }
+                    out[k] = v[k];
+                }
+                return 0;
+            }
+            for (int k = 0; k < 3; k++) {
+                Py_DECREF(v[k]);
+            }
+            goto python;
+        fail:
+            for (int k = 0; k < 3; k++) {
+                Py_DECREF(v[k]);
+            }
+            return -1;
+        }
+    }
+python: {
+    PyObject *got = PyObject_CallOneArg(nb->hot_values, attrs);
+    if (got == NULL) {
+        return -1;
+    }
+    if (!PyTuple_Check(got) || PyTuple_GET_SIZE(got) != 3) {
+        Py_DECREF(got);
+        PyErr_SetString(PyExc_TypeError, "hot_values must return a tuple of three");
+        return -1;
+    }
+    for (int k = 0; k < 3; k++) {
+        out[k] = PyTuple_GET_ITEM(got, k);
+        Py_INCREF(out[k]);
+    }
+    Py_DECREF(got);
+    return 0;
+}
+}
+
+/* `analysis.phases.phase_by_name` of a str (new reference). */
+static PyObject *
+phase_by_name_c(NodeBuild *nb, PyObject *name)
+{
+    PyObject *known = PyDict_GetItemWithError(nb->name_phases, name);
+    if (known == NULL && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (known != NULL) {
+        int truth = PyObject_IsTrue(known);
+        if (truth < 0) {
+            return NULL;
+        }
+        if (truth) {
+            Py_INCREF(known);
+            return known;
+        }
+    }
+    PyObject *phase = str_other;
+    if (PyUnicode_Tailmatch(name, str_import_prefix, 0, PY_SSIZE_T_MAX, -1) == 1) {
+        phase = str_import;
+    } else if (PyUnicode_Tailmatch(name, str_preload_prefix, 0, PY_SSIZE_T_MAX, -1) == 1) {
+        phase = str_preload_phase;
+    }
+    Py_INCREF(phase);
+    return phase;
+}
+
+/* One SpanNode of `span` on `lane` (a new reference), or NULL. */
+static PyObject *
+make_node(NodeBuild *nb, PyObject *span, PyObject *lane)
+{
+    PyObject *f[S_FIELDS] = {NULL};
+    PyObject *node = NULL, *hot[3] = {NULL, NULL, NULL};
+    int exact = Py_IS_TYPE(span, nb->span_type);
+    for (int k = 0; k < S_FIELDS; k++) {
+        if (exact) {
+            if ((f[k] = SLOT(span, nb->span_off[k])) == NULL) {
+                PyErr_SetString(PyExc_AttributeError, SPAN_FIELD_NAMES[k]);
+                goto done;
+            }
+            Py_INCREF(f[k]);
+        } else if ((f[k] = PyObject_GetAttr(span, span_fields[k])) == NULL) {
+            goto done;
+        }
+    }
+    PyObject *name = f[S_NAME];
+    if (!PyUnicode_Check(name)) {
+        PyErr_SetString(PyExc_TypeError, "span_nodes: a span's name must be a str");
+        goto done;
+    }
+    node = nb->node_type->tp_alloc(nb->node_type, 0);
+    if (node == NULL) {
+        goto done;
+    }
+    const Py_ssize_t *off = nb->off;
+    PyObject *children = PyList_New(0);
+    if (children == NULL) {
+        Py_CLEAR(node);
+        goto done;
+    }
+    slot_set(node, off[N_CHILDREN], children);
+    slot_set_borrowed(node, off[N_PARENT_NODE], Py_None);
+    slot_set_borrowed(node, off[N_IMPORTS], Py_None);
+    slot_set(node, off[N_DEPTH], PyLong_FromLong(0)); /* small ints: cannot fail */
+    slot_set(node, off[N_POS], PyLong_FromLong(0));
+    slot_set_borrowed(node, off[N_SELF_US], Py_None);
+    slot_set_borrowed(node, off[N_ID], f[S_SPAN_ID]);
+    slot_set_borrowed(node, off[N_PARENT], f[S_PARENT_ID]);
+    slot_set_borrowed(node, off[N_NAME], name);
+    PyObject *attrs = f[S_ATTRS];
+    if (attrs == Py_None) {
+        attrs = PyDict_New(); /* not `or`: keeps lazily decoded attrs undecoded */
+        if (attrs == NULL) {
+            Py_CLEAR(node);
+            goto done;
+        }
+        slot_set(node, off[N_ATTRS], attrs);
+    } else {
+        slot_set_borrowed(node, off[N_ATTRS], attrs);
+    }
+    if (hot_of(nb, attrs, hot) < 0) {
+        Py_CLEAR(node);
+        goto done;
+    }
+    PyObject *phase = hot[0];
+    if (PyUnicode_CheckExact(phase) && PyUnicode_GET_LENGTH(phase) > 0) {
+        slot_set_borrowed(node, off[N_PHASE], phase);
+    } else {
+        PyObject *by_name = phase_by_name_c(nb, name);
+        if (by_name == NULL) {
+            Py_CLEAR(node);
+            goto done;
+        }
+        slot_set(node, off[N_PHASE], by_name);
+    }
+    PyObject *mod = hot[1];
+    if (PyUnicode_Check(mod)) {
+        slot_set_borrowed(node, off[N_MODULE], mod);
+    } else if (PyUnicode_Tailmatch(name, str_import_prefix, 0, PY_SSIZE_T_MAX, -1) == 1) {
+        PyObject *tail = PyUnicode_Substring(name, 7, PyUnicode_GET_LENGTH(name));
+        if (tail == NULL) {
+            Py_CLEAR(node);
+            goto done;
+        }
+        slot_set(node, off[N_MODULE], tail);
+    } else {
+        slot_set_borrowed(node, off[N_MODULE], Py_None);
+    }
+    PyObject *self_us = hot[2];
+    if ((PyLong_Check(self_us) || PyFloat_Check(self_us)) && !PyBool_Check(self_us)) {
+        slot_set_borrowed(node, off[N_SELF_US], self_us);
+    }
+    slot_set_borrowed(node, off[N_START], f[S_START_NS]);
+    /* is_open = s.in_progress or s.end_ns is None */
+    int truth = PyObject_IsTrue(f[S_IN_PROGRESS]);
+    if (truth < 0) {
+        Py_CLEAR(node);
+        goto done;
+    }
+    PyObject *is_open = truth ? f[S_IN_PROGRESS] : (f[S_END_NS] == Py_None ? Py_True : Py_False);
+    int open = truth || f[S_END_NS] == Py_None;
+    slot_set_borrowed(node, off[N_IN_PROGRESS], is_open);
+    slot_set_borrowed(node, off[N_END], open ? Py_None : f[S_END_NS]);
+    int instant = PyObject_IsTrue(f[S_INSTANT]);
+    if (instant < 0) {
+        Py_CLEAR(node);
+        goto done;
+    }
+    slot_set_borrowed(node, off[N_INSTANT], instant && !open ? Py_True : Py_False);
+    slot_set_borrowed(node, off[N_ERROR], f[S_ERROR]);
+    slot_set_borrowed(node, off[N_THREAD], f[S_THREAD]);
+    slot_set_borrowed(node, off[N_LANE], lane);
+done:
+    for (int k = 0; k < 3; k++) {
+        Py_XDECREF(hot[k]);
+    }
+    for (int k = 0; k < S_FIELDS; k++) {
+        Py_XDECREF(f[k]);
+    }
+    return node;
+}
+
+static PyObject *
+span_nodes(PyObject *module, PyObject *args)
+{
+    PyObject *groups, *node_type, *span_type, *lazy_type;
+    NodeBuild nb;
+    if (!PyArg_ParseTuple(args, "O!OOO!O!OOOOO:span_nodes", &PyList_Type, &groups, &node_type, &span_type,
+                          &PyTuple_Type, &nb.keys, &PyDict_Type, &nb.name_phases, &nb.hot_values, &lazy_type,
+                          &nb.patterns, &nb.missing, &nb.unknown)) {
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(nb.keys) != 3 ||
+        (lazy_type != Py_None && (!PyTuple_Check(nb.patterns) || PyTuple_GET_SIZE(nb.patterns) != 3))) {
+        PyErr_SetString(PyExc_TypeError, "span_nodes: three keys, and three patterns with a lazy type");
+        return NULL;
+    }
+    if (lazy_type != Py_None && check_patterns(nb.patterns) < 0) {
+        return NULL;
+    }
+    if (node_build_init(&nb, node_type, span_type, lazy_type) < 0) {
+        return NULL;
+    }
+    PyObject *nodes = PyList_New(0), *by_id = PyDict_New();
+    if (nodes == NULL || by_id == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t g = 0; g < PyList_GET_SIZE(groups); g++) {
+        PyObject *group = PyList_GET_ITEM(groups, g);
+        if (!PyTuple_Check(group) || PyTuple_GET_SIZE(group) != 2 || !PyList_Check(PyTuple_GET_ITEM(group, 1))) {
+            PyErr_SetString(PyExc_TypeError, "span_nodes: groups are (lane, list of spans)");
+            goto fail;
+        }
+        PyObject *lane = PyTuple_GET_ITEM(group, 0);
+        PyObject *spans = PyTuple_GET_ITEM(group, 1);
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(spans); i++) {
+            PyObject *node = make_node(&nb, PyList_GET_ITEM(spans, i), lane);
+            if (node == NULL) {
+                goto fail;
+            }
+            if (PyDict_SetItem(by_id, SLOT(node, nb.off[N_ID]), node) < 0 || PyList_Append(nodes, node) < 0) {
+                Py_DECREF(node);
+                goto fail;
+            }
+            Py_DECREF(node);
+        }
+    }
+    PyObject *out = PyTuple_Pack(2, nodes, by_id);
+    Py_DECREF(nodes);
+    Py_DECREF(by_id);
+    return out;
+fail:
+    Py_XDECREF(nodes);
+    Py_XDECREF(by_id);
+    return NULL;
+}
+
+static PyObject *
+link_tree(PyObject *module, PyObject *args)
+{
+    PyObject *nodes, *by_id, *node_type;
+    if (!PyArg_ParseTuple(args, "O!O!O:link_tree", &PyList_Type, &nodes, &PyDict_Type, &by_id, &node_type)) {
+        return NULL;
+    }
+    if (!PyType_Check(node_type)) {
+        PyErr_SetString(PyExc_TypeError, "link_tree: node_type must be a type");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)node_type;
+    Py_ssize_t o_parent = slot_offset(type, "parent"), o_parent_node = slot_offset(type, "parent_node");
+    Py_ssize_t o_lane = slot_offset(type, "lane"), o_children = slot_offset(type, "children");
+    Py_ssize_t o_depth = slot_offset(type, "depth");
+    if (o_parent < 0 || o_parent_node < 0 || o_lane < 0 || o_children < 0 || o_depth < 0) {
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(nodes);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!Py_IS_TYPE(PyList_GET_ITEM(nodes, i), type)) {
+            PyErr_SetString(PyExc_TypeError, "link_tree: nodes must be of node_type");
+            return NULL;
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *n = PyList_GET_ITEM(nodes, i);
+        PyObject *pid = SLOT(n, o_parent);
+        if (pid == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "parent");
+            return NULL;
+        }
+        int truth = PyObject_IsTrue(pid);
+        if (truth < 0) {
+            return NULL;
+        }
+        if (!truth) {
+            continue;
+        }
+        PyObject *parent = PyDict_GetItemWithError(by_id, pid);
+        if (parent == NULL) {
+            if (PyErr_Occurred()) {
+                return NULL;
+            }
+            continue;
+        }
+        if (parent == n) {
+            continue;
+        }
+        slot_set_borrowed(n, o_parent_node, parent);
+        if (Py_IS_TYPE(parent, type) && SLOT(parent, o_lane) == SLOT(n, o_lane)) {
+            PyObject *children = SLOT(parent, o_children);
+            if (children == NULL || !PyList_Check(children) || PyList_Append(children, n) < 0) {
+                if (!PyErr_Occurred()) {
+                    PyErr_SetString(PyExc_TypeError, "children must be a list");
+                }
+                return NULL;
+            }
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *n = PyList_GET_ITEM(nodes, i);
+        long depth = 0;
+        PyObject *lane = SLOT(n, o_lane);
+        PyObject *p = SLOT(n, o_parent_node);
+        /* bounded: guards cycles */
+        while (p != NULL && p != Py_None && Py_IS_TYPE(p, type) && SLOT(p, o_lane) == lane && depth < 10000) {
+            depth++;
+            p = SLOT(p, o_parent_node);
+        }
+        PyObject *value = PyLong_FromLong(depth);
+        if (value == NULL) {
+            return NULL;
+        }
+        slot_set(n, o_depth, value);
+    }
+    Py_RETURN_NONE;
+}
+
+/* `analysis.lanes.import_hotspots`'s sums: per module (`n.module or n.name`) of the import spans,
+   [cumulative ns, self ns (`analysis.model.self_ns`), set of lane indices, count], in first-seen
+   order, as the Python loop fills its dict. */
+static PyObject *
+hotspot_sums(PyObject *module, PyObject *args)
+{
+    PyObject *nodes, *node_type, *import_phase;
+    if (!PyArg_ParseTuple(args, "O!OU:hotspot_sums", &PyList_Type, &nodes, &node_type, &import_phase)) {
+        return NULL;
+    }
+    if (!PyType_Check(node_type)) {
+        PyErr_SetString(PyExc_TypeError, "hotspot_sums: node_type must be a type");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)node_type;
+    Py_ssize_t o_phase = slot_offset(type, "phase"), o_module = slot_offset(type, "module");
+    Py_ssize_t o_name = slot_offset(type, "name"), o_duration = slot_offset(type, "duration");
+    Py_ssize_t o_self = slot_offset(type, "self_us"), o_children = slot_offset(type, "children");
+    Py_ssize_t o_lane = slot_offset(type, "lane");
+    if (o_phase < 0 || o_module < 0 || o_name < 0 || o_duration < 0 || o_self < 0 || o_children < 0 || o_lane < 0) {
+        return NULL;
+    }
+    PyObject *acc = PyDict_New(), *thousand = PyLong_FromLong(1000), *zero = PyLong_FromLong(0);
+    PyObject *one = PyLong_FromLong(1);
+    if (acc == NULL || thousand == NULL || zero == NULL || one == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *n = PyList_GET_ITEM(nodes, i);
+        if (!Py_IS_TYPE(n, type)) {
+            PyErr_SetString(PyExc_TypeError, "hotspot_sums: nodes must be of node_type");
+            goto fail;
+        }
+        PyObject *phase = SLOT(n, o_phase), *mod = SLOT(n, o_module), *duration = SLOT(n, o_duration);
+        PyObject *self_us = SLOT(n, o_self), *children = SLOT(n, o_children), *lane = SLOT(n, o_lane);
+        if (phase == NULL || mod == NULL || duration == NULL || self_us == NULL || children == NULL || lane == NULL ||
+            SLOT(n, o_name) == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "hotspot_sums: a span node is not built yet");
+            goto fail;
+        }
+        int is_import = phase == import_phase ? 1 : PyObject_RichCompareBool(phase, import_phase, Py_EQ);
+        if (is_import < 0) {
+            goto fail;
+        }
+        if (!is_import) {
+            continue;
+        }
+        int truth = PyObject_IsTrue(mod);
+        if (truth < 0) {
+            goto fail;
+        }
+        if (!truth) {
+            mod = SLOT(n, o_name);
+        }
+        /* self_ns(n) */
+        PyObject *own;
+        if (self_us != Py_None) {
+            PyObject *ns = PyNumber_Multiply(self_us, thousand);
+            if (ns == NULL) {
+                goto fail;
+            }
+            own = PyNumber_Long(ns);
+            Py_DECREF(ns);
+        } else if (!PyList_Check(children) || PyList_GET_SIZE(children) == 0) {
+            if (!PyList_Check(children)) {
+                PyErr_SetString(PyExc_TypeError, "hotspot_sums: children must be a list");
+                goto fail;
+            }
+            Py_INCREF(duration);
+            own = duration;
+        } else {
+            PyObject *sum = zero;
+            Py_INCREF(sum);
+            for (Py_ssize_t c = 0; c < PyList_GET_SIZE(children); c++) {
+                PyObject *child = PyList_GET_ITEM(children, c);
+                PyObject *cd = Py_IS_TYPE(child, type) ? SLOT(child, o_duration) : NULL;
+                if (cd == NULL) {
+                    Py_DECREF(sum);
+                    PyErr_SetString(PyExc_AttributeError, "hotspot_sums: a child's duration");
+                    goto fail;
+                }
+                PyObject *next = PyNumber_Add(sum, cd);
+                Py_DECREF(sum);
+                if (next == NULL) {
+                    goto fail;
+                }
+                sum = next;
+            }
+            PyObject *left = PyNumber_Subtract(duration, sum);
+            Py_DECREF(sum);
+            if (left == NULL) {
+                goto fail;
+            }
+            int negative = PyObject_RichCompareBool(zero, left, Py_GT); /* max(0, left) */
+            if (negative < 0) {
+                Py_DECREF(left);
+                goto fail;
+            }
+            if (negative) {
+                Py_DECREF(left);
+                Py_INCREF(zero);
+                left = zero;
+            }
+            own = left;
+        }
+        if (own == NULL) {
+            goto fail;
+        }
+        PyObject *a = PyDict_GetItemWithError(acc, mod);
+        if (a == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(own);
+                goto fail;
+            }
+            PyObject *lanes = PySet_New(NULL);
+            a = lanes == NULL ? NULL : PyList_New(4);
+            if (a == NULL) {
+                Py_XDECREF(lanes);
+                Py_DECREF(own);
+                goto fail;
+            }
+            Py_INCREF(zero);
+            PyList_SET_ITEM(a, 0, zero);
+            Py_INCREF(zero);
+            PyList_SET_ITEM(a, 1, zero);
+            PyList_SET_ITEM(a, 2, lanes);
+            Py_INCREF(zero);
+            PyList_SET_ITEM(a, 3, zero);
+            if (PyDict_SetItem(acc, mod, a) < 0) {
+                Py_DECREF(a);
+                Py_DECREF(own);
+                goto fail;
+            }
+            Py_DECREF(a); /* the dict holds it */
+        }
+        PyObject *cum = PyNumber_Add(PyList_GET_ITEM(a, 0), duration);
+        PyObject *self_sum = cum == NULL ? NULL : PyNumber_Add(PyList_GET_ITEM(a, 1), own);
+        Py_DECREF(own);
+        PyObject *count = self_sum == NULL ? NULL : PyNumber_Add(PyList_GET_ITEM(a, 3), one);
+        if (count == NULL || PySet_Add(PyList_GET_ITEM(a, 2), lane) < 0) {
+            Py_XDECREF(cum);
+            Py_XDECREF(self_sum);
+            Py_XDECREF(count);
+            goto fail;
+        }
+        PyList_SetItem(a, 0, cum);
+        PyList_SetItem(a, 1, self_sum);
+        PyList_SetItem(a, 3, count);
+    }
+    Py_DECREF(thousand);
+    Py_DECREF(zero);
+    Py_DECREF(one);
+    return acc;
+fail:
+    Py_XDECREF(acc);
+    Py_XDECREF(thousand);
+    Py_XDECREF(zero);
+    Py_XDECREF(one);
+    return NULL;
+}
+
+/* The end used for every node, as `analysis.lanes._build` sets it: `t_eff` for a span in progress,
+   else its end; never before its start (then `duration` 0). */
+static PyObject *
+set_durations(PyObject *module, PyObject *args)
+{
+    PyObject *nodes, *node_type, *t_eff;
+    if (!PyArg_ParseTuple(args, "O!OO:set_durations", &PyList_Type, &nodes, &node_type, &t_eff)) {
+        return NULL;
+    }
+    if (!PyType_Check(node_type)) {
+        PyErr_SetString(PyExc_TypeError, "set_durations: node_type must be a type");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)node_type;
+    Py_ssize_t o_start = slot_offset(type, "start"), o_end = slot_offset(type, "end");
+    Py_ssize_t o_open = slot_offset(type, "in_progress"), o_eff = slot_offset(type, "eff_end");
+    Py_ssize_t o_duration = slot_offset(type, "duration");
+    if (o_start < 0 || o_end < 0 || o_open < 0 || o_eff < 0 || o_duration < 0) {
+        return NULL;
+    }
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *n = PyList_GET_ITEM(nodes, i);
+        if (!Py_IS_TYPE(n, type) || SLOT(n, o_start) == NULL || SLOT(n, o_end) == NULL || SLOT(n, o_open) == NULL) {
+            PyErr_SetString(PyExc_TypeError, "set_durations: nodes must be built span nodes");
+            Py_DECREF(zero);
+            return NULL;
+        }
+        PyObject *start = SLOT(n, o_start);
+        int open = PyObject_IsTrue(SLOT(n, o_open));
+        if (open < 0) {
+            Py_DECREF(zero);
+            return NULL;
+        }
+        PyObject *end = open ? t_eff : SLOT(n, o_end);
+        int later = PyObject_RichCompareBool(end, start, Py_GT);
+        if (later < 0) {
+            Py_DECREF(zero);
+            return NULL;
+        }
+        if (later) {
+            PyObject *duration = PyNumber_Subtract(end, start);
+            if (duration == NULL) {
+                Py_DECREF(zero);
+                return NULL;
+            }
+            slot_set_borrowed(n, o_eff, end);
+            slot_set(n, o_duration, duration);
+        } else {
+            slot_set_borrowed(n, o_eff, start);
+            slot_set_borrowed(n, o_duration, zero);
+        }
+    }
+    Py_DECREF(zero);
+    Py_RETURN_NONE;
+}
+
+/* `analysis.lanes._lane_facts`'s interval arithmetic over a lane's work spans (instants left out):
+   per phase, in first-seen order, the union of its spans' [start, eff_end] (`phases.union_ns`),
+   and the union of those intervals clipped to [low, high] (`phases.merge_intervals`, empty ones
+   dropped). Done on 64-bit integers; None when a time is not an int in [0, 2**63) (the Python code
+   then does it on Python ints), which also keeps every sum below 2**63. */
+typedef struct {
+    long long s, e;
+} Interval;
+
+static int
+interval_order(const void *a, const void *b)
+{
+    const Interval *x = a, *y = b;
+    if (x->s != y->s) {
+        return x->s < y->s ? -1 : 1;
+    }
+    return x->e < y->e ? -1 : (x->e > y->e ? 1 : 0);
+}
+
+/* Sort and merge in place, as merge_intervals does (intervals with e < s skipped); the count left. */
+static Py_ssize_t
+merge_in_place(Interval *iv, Py_ssize_t n)
+{
+    qsort(iv, (size_t)n, sizeof(Interval), interval_order);
+    Py_ssize_t out = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (iv[i].e < iv[i].s) {
+            continue;
+        }
+        if (out > 0 && iv[i].s <= iv[out - 1].e) {
+            if (iv[i].e > iv[out - 1].e) {
+                iv[out - 1].e = iv[i].e;
+            }
+        } else {
+            iv[out++] = iv[i];
+        }
+    }
+    return out;
+}
+
+static int
+as_time(PyObject *value, long long *out)
+{
+    if (!PyLong_CheckExact(value)) {
+        return 0;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = v;
+    return v >= 0;
+}
+
+static PyObject *
+phase_intervals(PyObject *module, PyObject *args)
+{
+    PyObject *work, *node_type, *low_obj, *high_obj;
+    if (!PyArg_ParseTuple(args, "O!OOO:phase_intervals", &PyList_Type, &work, &node_type, &low_obj, &high_obj)) {
+        return NULL;
+    }
+    if (!PyType_Check(node_type)) {
+        PyErr_SetString(PyExc_TypeError, "phase_intervals: node_type must be a type");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)node_type;
+    Py_ssize_t o_start = slot_offset(type, "start"), o_eff = slot_offset(type, "eff_end");
+    Py_ssize_t o_phase = slot_offset(type, "phase"), o_instant = slot_offset(type, "instant");
+    if (o_start < 0 || o_eff < 0 || o_phase < 0 || o_instant < 0) {
+        return NULL;
+    }
+    long long low, high;
+    if (!as_time(low_obj, &low) || !as_time(high_obj, &high)) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(work);
+    Interval *all = PyMem_Malloc(sizeof(Interval) * (size_t)(count > 0 ? count : 1) * 2);
+    Py_ssize_t *phase_of = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(count > 0 ? count : 1));
+    PyObject *index = PyDict_New(), *result = NULL, *phases = NULL, *covered = NULL;
+    if (all == NULL || phase_of == NULL || index == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Interval *clipped = all + count;
+    Py_ssize_t used = 0, n_clipped = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *n = PyList_GET_ITEM(work, i);
+        if (!Py_IS_TYPE(n, type) || SLOT(n, o_start) == NULL || SLOT(n, o_eff) == NULL || SLOT(n, o_phase) == NULL ||
+            SLOT(n, o_instant) == NULL) {
+            PyErr_SetString(PyExc_TypeError, "phase_intervals: work must be built span nodes");
+            goto done;
+        }
+        int instant = PyObject_IsTrue(SLOT(n, o_instant));
+        if (instant < 0) {
+            goto done;
+        }
+        if (instant) {
+            continue;
+        }
+        long long s0, e0;
+        if (!as_time(SLOT(n, o_start), &s0) || !as_time(SLOT(n, o_eff), &e0)) {
+            Py_INCREF(Py_None);
+            result = Py_None;
+            goto done;
+        }
+        PyObject *phase = SLOT(n, o_phase);
+        PyObject *at = PyDict_GetItemWithError(index, phase);
+        Py_ssize_t k;
+        if (at == NULL) {
+            if (PyErr_Occurred()) {
+                goto done;
+            }
+            k = PyDict_GET_SIZE(index);
+            PyObject *key = PyLong_FromSsize_t(k);
+            if (key == NULL || PyDict_SetItem(index, phase, key) < 0) {
+                Py_XDECREF(key);
+                goto done;
+            }
+            Py_DECREF(key);
+        } else {
+            k = PyLong_AsSsize_t(at);
+        }
+        all[used].s = s0;
+        all[used].e = e0;
+        phase_of[used++] = k;
+        if (e0 > low) {
+            clipped[n_clipped].s = s0 > low ? s0 : low;
+            clipped[n_clipped++].e = e0 < high ? e0 : high;
+        }
+    }
+    /* per phase: its intervals gathered (stable by phase index), merged, summed */
+    Py_ssize_t n_phases = PyDict_GET_SIZE(index);
+    phases = PyDict_New();
+    if (phases == NULL) {
+        goto done;
+    }
+    Interval *group = PyMem_Malloc(sizeof(Interval) * (size_t)(used > 0 ? used : 1));
+    if (group == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(index, &pos, &key, &value)) { /* first-seen order */
+        Py_ssize_t k = PyLong_AsSsize_t(value), m = 0;
+        for (Py_ssize_t i = 0; i < used; i++) {
+            if (phase_of[i] == k) {
+                group[m++] = all[i];
+            }
+        }
+        Py_ssize_t merged = merge_in_place(group, m);
+        long long total = 0;
+        for (Py_ssize_t i = 0; i < merged; i++) {
+            total += group[i].e - group[i].s;
+        }
+        PyObject *ns = PyLong_FromLongLong(total);
+        if (ns == NULL || PyDict_SetItem(phases, key, ns) < 0) {
+            Py_XDECREF(ns);
+            PyMem_Free(group);
+            goto done;
+        }
+        Py_DECREF(ns);
+    }
+    PyMem_Free(group);
+    (void)n_phases;
+    Py_ssize_t merged = merge_in_place(clipped, n_clipped);
+    covered = PyList_New(0);
+    if (covered == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < merged; i++) {
+        if (clipped[i].e > clipped[i].s) {
+            PyObject *pair = Py_BuildValue("(LL)", clipped[i].s, clipped[i].e);
+            if (pair == NULL || PyList_Append(covered, pair) < 0) {
+                Py_XDECREF(pair);
+                goto done;
+            }
+            Py_DECREF(pair);
+        }
+    }
+    result = PyTuple_Pack(2, phases, covered);
+done:
+    PyMem_Free(all);
+    PyMem_Free(phase_of);
+    Py_XDECREF(index);
+    Py_XDECREF(phases);
+    Py_XDECREF(covered);
+    return result;
+}
+
+/* ---- import trees: the findings' walks (analysis/findings/common.py) ------------------------ */
+
+/* `import_children`, `subtree_modules`, `top_imports` and `covered_nodes` walk the import trees of
+   every rank several times over (the `preload` findings: ~40 % of the model build in Python). The
+   same walks, over the span nodes' slots; the Python functions stay the reference and fallback. */
+
+typedef struct {
+    PyTypeObject *type; /* a strong reference, once set */
+    Py_ssize_t children, imports, phase, module, id, in_progress, start, parent_node, lane;
+} TreeSlots;
+static TreeSlots tree_slots;
+
+static TreeSlots *
+tree_slots_of(PyObject *node_type)
+{
+    if (!PyType_Check(node_type)) {
+        PyErr_SetString(PyExc_TypeError, "node_type must be a type");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)node_type;
+    if (tree_slots.type == type) {
+        return &tree_slots;
+    }
+    TreeSlots t = {type, slot_offset(type, "children"), slot_offset(type, "imports"), slot_offset(type, "phase"),
+                   slot_offset(type, "module"), slot_offset(type, "id"), slot_offset(type, "in_progress"),
+                   slot_offset(type, "start"), slot_offset(type, "parent_node"), slot_offset(type, "lane")};
+    if (t.children < 0 || t.imports < 0 || t.phase < 0 || t.module < 0 || t.id < 0 || t.in_progress < 0 ||
+        t.start < 0 || t.parent_node < 0 || t.lane < 0) {
+        return NULL;
+    }
+    Py_INCREF(type);
+    Py_XDECREF(tree_slots.type);
+    tree_slots = t;
+    return &tree_slots;
+}
+
+/* a == b for two phase names (str); -1 with an exception when they cannot be compared */
+static inline int
+same_str(PyObject *a, PyObject *b)
+{
+    if (a == b) {
+        return 1;
+    }
+    if (PyUnicode_CheckExact(a) && PyUnicode_CheckExact(b)) {
+        return PyUnicode_GET_LENGTH(a) == PyUnicode_GET_LENGTH(b) && PyUnicode_Compare(a, b) == 0;
+    }
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+static inline PyObject *
+node_slot(PyObject *n, Py_ssize_t offset, const char *name)
+{
+    PyObject *v = SLOT(n, offset);
+    if (v == NULL) {
+        PyErr_Format(PyExc_AttributeError, "a span node has no %s yet", name);
+    }
+    return v;
+}
+
+/* node.imports, computed once (a borrowed reference), as findings.common.import_children */
+static PyObject *
+imports_of(TreeSlots *t, PyObject *node)
+{
+    if (!Py_IS_TYPE(node, t->type)) {
+        PyErr_SetString(PyExc_TypeError, "import trees: not a span node");
+        return NULL;
+    }
+    PyObject *cached = SLOT(node, t->imports);
+    if (cached != NULL && cached != Py_None) {
+        return cached;
+    }
+    PyObject *children = node_slot(node, t->children, "children");
+    if (children == NULL) {
+        return NULL;
+    }
+    if (!PyList_Check(children)) {
+        PyErr_SetString(PyExc_TypeError, "a span node's children must be a list");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        return NULL;
+    }
+    slot_set(node, t->imports, out); /* first, as the Python code: a cycle finds it (being filled) */
+    if (Py_EnterRecursiveCall(" in import_children")) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(children); i++) {
+        PyObject *child = PyList_GET_ITEM(children, i);
+        PyObject *phase = Py_IS_TYPE(child, t->type) ? node_slot(child, t->phase, "phase") : NULL;
+        if (phase == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "import trees: not a span node");
+            }
+            Py_LeaveRecursiveCall();
+            return NULL;
+        }
+        int is_import = same_str(phase, str_import);
+        if (is_import < 0) {
+            Py_LeaveRecursiveCall();
+            return NULL;
+        }
+        if (is_import) {
+            if (PyList_Append(out, child) < 0) {
+                Py_LeaveRecursiveCall();
+                return NULL;
+            }
+            continue;
+        }
+        int structural = same_str(phase, str_process);
+        if (structural == 0) {
+            structural = same_str(phase, str_startup);
+        }
+        if (structural < 0) {
+            Py_LeaveRecursiveCall();
+            return NULL;
+        }
+        if (!structural) {
+            PyObject *inner = imports_of(t, child);
+            /* extended by itself (a cycle), the list is copied first, as by list.extend */
+            Py_ssize_t end = PyList_GET_SIZE(out);
+            if (inner == NULL || PyList_SetSlice(out, end, end, inner) < 0) {
+                Py_LeaveRecursiveCall();
+                return NULL;
+            }
+        }
+    }
+    Py_LeaveRecursiveCall();
+    return out;
+}
+
+static PyObject *
+import_children_c(PyObject *module, PyObject *args)
+{
+    PyObject *node, *node_type;
+    if (!PyArg_ParseTuple(args, "OO:import_children", &node, &node_type)) {
+        return NULL;
+    }
+    TreeSlots *t = tree_slots_of(node_type);
+    PyObject *out = t == NULL ? NULL : imports_of(t, node);
+    Py_XINCREF(out);
+    return out;
+}
+
+/* A growable stack of borrowed node references (the nodes are held by the model meanwhile). */
+typedef struct {
+    PyObject **items;
+    Py_ssize_t size, cap;
+} Stack;
+
+static int
+stack_push_all(Stack *st, PyObject *list)
+{
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    if (st->size + n > st->cap) {
+        Py_ssize_t cap = (st->size + n) * 2 + 16;
+        PyObject **items = PyMem_Realloc(st->items, sizeof(PyObject *) * (size_t)cap);
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        st->items = items;
+        st->cap = cap;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        st->items[st->size++] = PyList_GET_ITEM(list, i);
+    }
+    return 0;
+}
+
+static PyObject *
+subtree_modules_c(PyObject *module, PyObject *args)
+{
+    PyObject *node, *memo, *node_type;
+    if (!PyArg_ParseTuple(args, "OO!O:subtree_modules", &node, &PyDict_Type, &memo, &node_type)) {
+        return NULL;
+    }
+    TreeSlots *t = tree_slots_of(node_type);
+    if (t == NULL) {
+        return NULL;
+    }
+    if (!Py_IS_TYPE(node, t->type) || node_slot(node, t->id, "id") == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "subtree_modules: not a span node");
+        }
+        return NULL;
+    }
+    PyObject *key = SLOT(node, t->id);
+    PyObject *got = PyDict_GetItemWithError(memo, key);
+    if (got != NULL && got != Py_None) {
+        Py_INCREF(got);
+        return got;
+    }
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *mods = PySet_New(NULL);
+    Stack st = {NULL, 0, 0};
+    if (mods == NULL || (st.items = PyMem_Malloc(sizeof(PyObject *) * 16)) == NULL) {
+        Py_XDECREF(mods);
+        return mods == NULL ? NULL : PyErr_NoMemory();
+    }
+    st.cap = 16;
+    st.items[st.size++] = node;
+    PyObject *result = NULL;
+    while (st.size > 0) {
+        PyObject *n = st.items[--st.size];
+        PyObject *mod = Py_IS_TYPE(n, t->type) ? node_slot(n, t->module, "module") : NULL;
+        if (mod == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "subtree_modules: not a span node");
+            }
+            goto done;
+        }
+        int truth = PyObject_IsTrue(mod);
+        if (truth < 0 || (truth && PySet_Add(mods, mod) < 0)) {
+            goto done;
+        }
+        PyObject *inner = imports_of(t, n);
+        if (inner == NULL || stack_push_all(&st, inner) < 0) {
+            goto done;
+        }
+    }
+    result = PyFrozenSet_New(mods);
+    if (result != NULL && PyDict_SetItem(memo, key, result) < 0) {
+        Py_CLEAR(result);
+    }
+done:
+    PyMem_Free(st.items);
+    Py_DECREF(mods);
+    return result;
+}
+
+/* findings.common.top_imports over a lane's spans: imports no other import of the lane encloses
+   (completed, started before `until` unless it is None). */
+static PyObject *
+top_imports_c(PyObject *module, PyObject *args)
+{
+    PyObject *spans, *until, *node_type;
+    if (!PyArg_ParseTuple(args, "O!OO:top_imports", &PyList_Type, &spans, &until, &node_type)) {
+        return NULL;
+    }
+    TreeSlots *t = tree_slots_of(node_type);
+    PyObject *out = t == NULL ? NULL : PyList_New(0);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(spans); i++) {
+        PyObject *n = PyList_GET_ITEM(spans, i);
+        if (!Py_IS_TYPE(n, t->type) || SLOT(n, t->phase) == NULL || SLOT(n, t->in_progress) == NULL ||
+            SLOT(n, t->start) == NULL || SLOT(n, t->parent_node) == NULL || SLOT(n, t->lane) == NULL) {
+            PyErr_SetString(PyExc_TypeError, "top_imports: spans must be built span nodes");
+            goto fail;
+        }
+        int is_import = same_str(SLOT(n, t->phase), str_import);
+        if (is_import <= 0) {
+            if (is_import < 0) {
+                goto fail;
+            }
+            continue;
+        }
+        int open = PyObject_IsTrue(SLOT(n, t->in_progress));
+        if (open != 0) {
+            if (open < 0) {
+                goto fail;
+            }
+            continue;
+        }
+        if (until != Py_None) {
+            int late = PyObject_RichCompareBool(SLOT(n, t->start), until, Py_GE);
+            if (late != 0) {
+                if (late < 0) {
+                    goto fail;
+                }
+                continue;
+            }
+        }
+        PyObject *lane = SLOT(n, t->lane);
+        PyObject *p = SLOT(n, t->parent_node);
+        int enclosed = 0;
+        for (long steps = 0; p != Py_None; steps++) {
+            if (!Py_IS_TYPE(p, t->type) || SLOT(p, t->lane) == NULL || SLOT(p, t->phase) == NULL ||
+                SLOT(p, t->parent_node) == NULL) {
+                PyErr_SetString(PyExc_TypeError, "top_imports: a parent is not a built span node");
+                goto fail;
+            }
+            int same_lane = SLOT(p, t->lane) == lane ? 1 : PyObject_RichCompareBool(SLOT(p, t->lane), lane, Py_EQ);
+            if (same_lane < 0) {
+                goto fail;
+            }
+            if (!same_lane) {
+                break;
+            }
+            int parent_import = same_str(SLOT(p, t->phase), str_import);
+            if (parent_import < 0) {
+                goto fail;
+            }
+            if (parent_import || steps >= 10000) { /* bounded: guards cycles (then: enclosed) */
+                enclosed = 1;
+                break;
+            }
+            p = SLOT(p, t->parent_node);
+        }
+        if (!enclosed && PyList_Append(out, n) < 0) {
+            goto fail;
+        }
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* findings.preload.covered_nodes's walk: the outermost nodes under `roots` whose module is in `covered` */
+static PyObject *
+covered_nodes_c(PyObject *module, PyObject *args)
+{
+    PyObject *roots, *covered, *node_type;
+    if (!PyArg_ParseTuple(args, "O!OO:covered_nodes", &PyList_Type, &roots, &covered, &node_type)) {
+        return NULL;
+    }
+    if (!PyAnySet_Check(covered)) {
+        PyErr_SetString(PyExc_TypeError, "covered_nodes: covered must be a set");
+        return NULL;
+    }
+    TreeSlots *t = tree_slots_of(node_type);
+    PyObject *out = t == NULL ? NULL : PyList_New(0);
+    Stack st = {NULL, 0, 0};
+    if (out == NULL || stack_push_all(&st, roots) < 0) {
+        Py_XDECREF(out);
+        PyMem_Free(st.items);
+        return NULL;
+    }
+    while (st.size > 0) {
+        PyObject *n = st.items[--st.size];
+        PyObject *mod = Py_IS_TYPE(n, t->type) ? node_slot(n, t->module, "module") : NULL;
+        if (mod == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "covered_nodes: not a span node");
+            }
+            goto fail;
+        }
+        int in = PySet_Contains(covered, mod);
+        if (in < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError)) {
+                goto fail;
+            }
+            PyErr_Clear(); /* an unhashable module is in no set */
+            in = 0;
+        }
+        if (in) {
+            if (PyList_Append(out, n) < 0) {
+                goto fail;
+            }
+            continue;
+        }
+        PyObject *inner = imports_of(t, n);
+        if (inner == NULL || stack_push_all(&st, inner) < 0) {
+            goto fail;
+        }
+    }
+    PyMem_Free(st.items);
+    return out;
+fail:
+    PyMem_Free(st.items);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* findings.preload.covering's walk over one rank's import trees: from each root down, a node whose
+   module is in `allowed` and that did not fail is picked (and not walked into); a node whose module
+   is in `flagged` is noted; every other node is walked into. Returns (picked, noted), in walk order. */
+static PyObject *
+pick_walk(PyObject *module, PyObject *args)
+{
+    PyObject *roots, *allowed, *flagged, *node_type;
+    if (!PyArg_ParseTuple(args, "O!OOO:pick_walk", &PyList_Type, &roots, &allowed, &flagged, &node_type)) {
+        return NULL;
+    }
+    if (!PyAnySet_Check(allowed) || !PyAnySet_Check(flagged)) {
+        PyErr_SetString(PyExc_TypeError, "pick_walk: allowed and flagged must be sets");
+        return NULL;
+    }
+    TreeSlots *t = tree_slots_of(node_type);
+    Py_ssize_t o_error = t == NULL ? -1 : slot_offset(t->type, "error");
+    if (o_error < 0) {
+        return NULL;
+    }
+    PyObject *picked = PyList_New(0), *noted = PyList_New(0), *result = NULL;
+    Stack st = {NULL, 0, 0};
+    if (picked == NULL || noted == NULL || stack_push_all(&st, roots) < 0) {
+        goto done;
+    }
+    while (st.size > 0) {
+        PyObject *n = st.items[--st.size];
+        PyObject *mod = Py_IS_TYPE(n, t->type) ? node_slot(n, t->module, "module") : NULL;
+        PyObject *error = mod == NULL ? NULL : node_slot(n, o_error, "error");
+        if (error == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "pick_walk: not a span node");
+            }
+            goto done;
+        }
+        int in = mod == Py_None ? 0 : PySet_Contains(allowed, mod);
+        if (in < 0) {
+            goto done;
+        }
+        if (in) {
+            int failed = PyObject_IsTrue(error);
+            if (failed < 0) {
+                goto done;
+            }
+            if (!failed) {
+                if (PyList_Append(picked, n) < 0) {
+                    goto done;
+                }
+                continue;
+            }
+        }
+        int note = mod == Py_None ? 0 : PySet_Contains(flagged, mod);
+        if (note < 0 || (note && PyList_Append(noted, n) < 0)) {
+            goto done;
+        }
+        PyObject *inner = imports_of(t, n);
+        if (inner == NULL || stack_push_all(&st, inner) < 0) {
+            goto done;
+        }
+    }
+    result = PyTuple_Pack(2, picked, noted);
+done:
+    PyMem_Free(st.items);
+    Py_XDECREF(picked);
+    Py_XDECREF(noted);
+    return result;
+}
+
+/* analysis.model.select: the nodes whose phase is one of `phases` or whose name is one of `names`
+   (tuples), or with `keep` false all the others; in their order. */
+static int
+in_names(PyObject *value, PyObject *names)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); i++) {
+        int eq = same_str(value, PyTuple_GET_ITEM(names, i));
+        if (eq != 0) {
+            return eq;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+select_c(PyObject *module, PyObject *args)
+{
+    PyObject *spans, *node_type, *phases, *names;
+    int keep;
+    if (!PyArg_ParseTuple(args, "O!OO!O!p:select", &PyList_Type, &spans, &node_type, &PyTuple_Type, &phases,
+                          &PyTuple_Type, &names, &keep)) {
+        return NULL;
+    }
+    TreeSlots *t = tree_slots_of(node_type);
+    Py_ssize_t o_name = t == NULL ? -1 : slot_offset(t->type, "name");
+    PyObject *out = o_name < 0 ? NULL : PyList_New(0);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(spans); i++) {
+        PyObject *n = PyList_GET_ITEM(spans, i);
+        if (!Py_IS_TYPE(n, t->type) || SLOT(n, t->phase) == NULL || SLOT(n, o_name) == NULL) {
+            PyErr_SetString(PyExc_TypeError, "select: spans must be built span nodes");
+            Py_DECREF(out);
+            return NULL;
+        }
+        int hit = in_names(SLOT(n, t->phase), phases);
+        if (hit == 0) {
+            hit = in_names(SLOT(n, o_name), names);
+        }
+        if (hit < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (hit == keep && PyList_Append(out, n) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+/* critical_path._candidates for one lane: the spans that can be steps (not `proc`, no structural
+   phase, not instant, duration > 0), ordered by end, the longest first among equal ends, then in
+   lane order (what two stable sorts give: by duration descending, then by end); and their ends.
+   None when a time is not an int in [0, 2**63) (the Python code then does it). */
+typedef struct {
+    long long end, duration;
+    Py_ssize_t index;
+    PyObject *node;
+} Candidate;
+
+static int
+candidate_order(const void *a, const void *b)
+{
+    const Candidate *x = a, *y = b;
+    if (x->end != y->end) {
+        return x->end < y->end ? -1 : 1;
+    }
+    if (x->duration != y->duration) {
+        return x->duration > y->duration ? -1 : 1;
+    }
+    return x->index < y->index ? -1 : (x->index > y->index ? 1 : 0);
+}
+
+static PyObject *
+step_candidates(PyObject *module, PyObject *args)
+{
+    PyObject *spans, *proc, *node_type, *structural;
+    if (!PyArg_ParseTuple(args, "O!OOO!:step_candidates", &PyList_Type, &spans, &proc, &node_type, &PyTuple_Type,
+                          &structural)) {
+        return NULL;
+    }
+    TreeSlots *t = tree_slots_of(node_type);
+    if (t == NULL) {
+        return NULL;
+    }
+    Py_ssize_t o_instant = slot_offset(t->type, "instant"), o_duration = slot_offset(t->type, "duration");
+    Py_ssize_t o_eff = slot_offset(t->type, "eff_end");
+    if (o_instant < 0 || o_duration < 0 || o_eff < 0) {
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(spans), used = 0;
+    Candidate *c = PyMem_Malloc(sizeof(Candidate) * (size_t)(count > 0 ? count : 1));
+    if (c == NULL) {
+        return PyErr_NoMemory();
+    }
+    PyObject *result = NULL, *cand = NULL, *ends = NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *n = PyList_GET_ITEM(spans, i);
+        if (n == proc) {
+            continue;
+        }
+        if (!Py_IS_TYPE(n, t->type) || SLOT(n, t->phase) == NULL || SLOT(n, o_instant) == NULL ||
+            SLOT(n, o_duration) == NULL || SLOT(n, o_eff) == NULL) {
+            PyErr_SetString(PyExc_TypeError, "step_candidates: spans must be built span nodes");
+            goto done;
+        }
+        int skip = in_names(SLOT(n, t->phase), structural);
+        if (skip == 0) {
+            skip = PyObject_IsTrue(SLOT(n, o_instant));
+        }
+        if (skip != 0) {
+            if (skip < 0) {
+                goto done;
+            }
+            continue;
+        }
+        long long duration, end;
+        if (!PyLong_CheckExact(SLOT(n, o_duration))) { /* the Python code compares what it is */
+            Py_INCREF(Py_None);
+            result = Py_None;
+            goto done;
+        }
+        int overflow = 0;
+        duration = PyLong_AsLongLongAndOverflow(SLOT(n, o_duration), &overflow);
+        if (overflow || (duration == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            Py_INCREF(Py_None);
+            result = Py_None;
+            goto done;
+        }
+        if (duration <= 0) {
+            continue;
+        }
+        if (!as_time(SLOT(n, o_eff), &end)) {
+            Py_INCREF(Py_None);
+            result = Py_None;
+            goto done;
+        }
+        c[used].end = end;
+        c[used].duration = duration;
+        c[used].index = i;
+        c[used++].node = n;
+    }
+    qsort(c, (size_t)used, sizeof(Candidate), candidate_order);
+    cand = PyList_New(used);
+    ends = PyList_New(used);
+    if (cand == NULL || ends == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < used; i++) {
+        Py_INCREF(c[i].node);
+        PyList_SET_ITEM(cand, i, c[i].node);
+        PyObject *end = SLOT(c[i].node, o_eff);
+        Py_INCREF(end);
+        PyList_SET_ITEM(ends, i, end);
+    }
+    result = PyTuple_Pack(2, cand, ends);
+done:
+    PyMem_Free(c);
+    Py_XDECREF(cand);
+    Py_XDECREF(ends);
+    return result;
+}
+
+/* ---- spans_from_rows: the store's rows as the run type ------------------------------------- */
+
+/* `sources.store.run_from_rows`'s loop over one lane's stored rows (SpanTuple: trace, span id,
+   parent, name, start, end, in_progress, instant, attribute bytes or text, error, thread): one
+   `run.Span` per row, its attributes a `LazyAttrs(raw, decode)` for non-empty bytes, else what
+   `fallback(raw)` makes of them; and the indices of the rows whose raw attributes hold `marker`
+   (bytes) or `text_marker` (text), when `linked` (the Python code then reads their link). */
+static PyObject *
+spans_from_rows(PyObject *module, PyObject *args)
+{
+    PyObject *rows, *span_type, *lazy_type, *decode, *fallback, *marker, *text_marker;
+    int linked;
+    if (!PyArg_ParseTuple(args, "O!OOOOSUp:spans_from_rows", &PyList_Type, &rows, &span_type, &lazy_type, &decode,
+                          &fallback, &marker, &text_marker, &linked)) {
+        return NULL;
+    }
+    if (!PyType_Check(span_type) || !PyType_Check(lazy_type) ||
+        !PyType_IsSubtype((PyTypeObject *)lazy_type, &PyDict_Type)) {
+        PyErr_SetString(PyExc_TypeError, "spans_from_rows: span_type, and lazy_type a dict subclass");
+        return NULL;
+    }
+    PyTypeObject *stype = (PyTypeObject *)span_type, *ltype = (PyTypeObject *)lazy_type;
+    static const char *const names[] = {"span_id", "parent_id", "name", "start_ns", "end_ns", "attrs",
+                                        "error", "thread", "instant", "in_progress", "links"};
+    Py_ssize_t off[11];
+    for (int k = 0; k < 11; k++) {
+        if ((off[k] = slot_offset(stype, names[k])) < 0) {
+            return NULL;
+        }
+    }
+    Py_ssize_t o_raw = slot_offset(ltype, "_raw"), o_decode = slot_offset(ltype, "_decode");
+    Py_ssize_t o_peeked = slot_offset(ltype, "_peeked");
+    if (o_raw < 0 || o_decode < 0 || o_peeked < 0) {
+        return NULL;
+    }
+    const char *mark = PyBytes_AS_STRING(marker);
+    Py_ssize_t mark_len = PyBytes_GET_SIZE(marker);
+    PyObject *spans = PyList_New(PyList_GET_SIZE(rows)), *marked = PyList_New(0), *no_args = PyTuple_New(0);
+    if (spans == NULL || marked == NULL || no_args == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
+        PyObject *r = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 11) {
+            PyErr_SetString(PyExc_ValueError, "spans_from_rows: rows are span tuples");
+            goto fail;
+        }
+        PyObject *raw = PyTuple_GET_ITEM(r, 8);
+        PyObject *attrs;
+        int is_bytes = PyBytes_CheckExact(raw) && PyBytes_GET_SIZE(raw) > 0;
+        if (is_bytes) {
+            attrs = ltype->tp_new(ltype, no_args, NULL);
+            PyObject *peeked = attrs == NULL ? NULL : PyDict_New();
+            if (peeked == NULL) {
+                Py_XDECREF(attrs);
+                goto fail;
+            }
+            slot_set_borrowed(attrs, o_raw, raw);
+            slot_set_borrowed(attrs, o_decode, decode);
+            slot_set(attrs, o_peeked, peeked);
+        } else if ((attrs = PyObject_CallOneArg(fallback, raw)) == NULL) {
+            goto fail;
+        }
+        int in_progress = PyObject_IsTrue(PyTuple_GET_ITEM(r, 6));
+        int instant = in_progress < 0 ? -1 : PyObject_IsTrue(PyTuple_GET_ITEM(r, 7));
+        PyObject *span = instant < 0 ? NULL : stype->tp_alloc(stype, 0);
+        PyObject *links = span == NULL ? NULL : PyList_New(0);
+        if (links == NULL) {
+            Py_XDECREF(span);
+            Py_DECREF(attrs);
+            goto fail;
+        }
+        slot_set_borrowed(span, off[0], PyTuple_GET_ITEM(r, 1));
+        slot_set_borrowed(span, off[1], PyTuple_GET_ITEM(r, 2));
+        slot_set_borrowed(span, off[2], PyTuple_GET_ITEM(r, 3));
+        slot_set_borrowed(span, off[3], PyTuple_GET_ITEM(r, 4));
+        slot_set_borrowed(span, off[4], PyTuple_GET_ITEM(r, 5));
+        slot_set(span, off[5], attrs);
+        slot_set_borrowed(span, off[6], PyTuple_GET_ITEM(r, 9));
+        slot_set_borrowed(span, off[7], PyTuple_GET_ITEM(r, 10));
+        slot_set_borrowed(span, off[8], instant ? Py_True : Py_False);
+        slot_set_borrowed(span, off[9], in_progress ? Py_True : Py_False);
+        slot_set(span, off[10], links);
+        PyList_SET_ITEM(spans, i, span);
+        if (!linked) {
+            continue;
+        }
+        int found = 0;
+        if (PyBytes_Check(raw)) {
+            found = PyBytes_GET_SIZE(raw) >= mark_len &&
+                    memmem(PyBytes_AS_STRING(raw), (size_t)PyBytes_GET_SIZE(raw), mark, (size_t)mark_len) != NULL;
+        } else if (PyUnicode_Check(raw) && PyUnicode_GET_LENGTH(raw) > 0) {
+            Py_ssize_t at = PyUnicode_Find(raw, text_marker, 0, PY_SSIZE_T_MAX, 1);
+            if (at == -2) {
+                goto fail;
+            }
+            found = at >= 0;
+        }
+        if (found) {
+            PyObject *index = PyLong_FromSsize_t(i);
+            if (index == NULL || PyList_Append(marked, index) < 0) {
+                Py_XDECREF(index);
+                goto fail;
+            }
+            Py_DECREF(index);
+        }
+    }
+    Py_DECREF(no_args);
+    PyObject *out = PyTuple_Pack(2, spans, marked);
+    Py_DECREF(spans);
+    Py_DECREF(marked);
+    return out;
+fail:
+    Py_XDECREF(spans); /* its empty items are NULL: list_dealloc skips them */
+    Py_XDECREF(marked);
+    Py_XDECREF(no_args);
+    return NULL;
+}
+
+static PyMethodDef modelcore_methods[] = {
+    {"peek_attrs", peek_attrs, METH_VARARGS,
+     "peek_attrs(raw, patterns, missing, unknown): per pattern, the short string value after it, or missing or unknown."},
+    {"span_nodes", span_nodes, METH_VARARGS,
+     "span_nodes(groups, node_type, span_type, keys, name_phases, hot_values, lazy_type, patterns, missing, unknown): "
+     "analysis.lanes._span_nodes's loop; (nodes, by_id)."},
+    {"link_tree", link_tree, METH_VARARGS, "link_tree(nodes, by_id, node_type): analysis.lanes._link_tree."},
+    {"hotspot_sums", hotspot_sums, METH_VARARGS,
+     "hotspot_sums(nodes, node_type, 'import'): analysis.lanes.import_hotspots's sums per module."},
+    {"import_children", import_children_c, METH_VARARGS, "import_children(node, node_type): findings.common's."},
+    {"subtree_modules", subtree_modules_c, METH_VARARGS, "subtree_modules(node, memo, node_type): findings.common's."},
+    {"top_imports", top_imports_c, METH_VARARGS, "top_imports(spans, until, node_type): findings.common's."},
+    {"covered_nodes", covered_nodes_c, METH_VARARGS, "covered_nodes(roots, covered, node_type): findings.preload's walk."},
+    {"step_candidates", step_candidates, METH_VARARGS,
+     "step_candidates(spans, proc, node_type, structural): critical_path._candidates of one lane, or None."},
+    {"pick_walk", pick_walk, METH_VARARGS, "pick_walk(roots, allowed, flagged, node_type): (picked, noted)."},
+    {"select", select_c, METH_VARARGS, "select(spans, node_type, phases, names, keep): analysis.model.select."},
+    {"spans_from_rows", spans_from_rows, METH_VARARGS,
+     "spans_from_rows(rows, span_type, lazy_type, decode, fallback, marker, text_marker, linked): (spans, marked)."},
+    {"phase_intervals", phase_intervals, METH_VARARGS,
+     "phase_intervals(work, node_type, low, high): ({phase: union ns}, covered intervals), or None."},
+    {"set_durations", set_durations, METH_VARARGS,
+     "set_durations(nodes, node_type, t_eff): every node's eff_end and duration."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ---- the module --------------------------------------------------------------------------- */
+
+static struct PyModuleDef modelcore_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "starttrace._modelcore",
+    .m_doc = "The C core of the service's model build: the per-span loops of analysis and the store.",
+    .m_size = -1,
+    .m_methods = modelcore_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__modelcore(void)
+{
+#define INTERN(var, text)                                                                                              \
+    if ((var = PyUnicode_InternFromString(text)) == NULL) {                                                            \
+        return NULL;                                                                                                   \
+    }
+    INTERN(str_import, "import");
+    INTERN(str_preload_phase, "forkserver_preload");
+    INTERN(str_other, "other");
+    INTERN(str_process, "process");
+    INTERN(str_startup, "startup");
+    INTERN(str_import_prefix, "import ");
+    INTERN(str_preload_prefix, "preload ");
+    for (int k = 0; k < S_FIELDS; k++) {
+        INTERN(span_fields[k], SPAN_FIELD_NAMES[k]);
+    }
+#undef INTERN
+    return PyModule_Create(&modelcore_module);
+}
