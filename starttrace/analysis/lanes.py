@@ -151,7 +151,7 @@ def _span_nodes(run: Run, lanes_by_id: dict[str, Lane]) -> tuple[list[SpanNode],
         if owner is not None:
             groups.append((lanes_by_id[owner.instance_id], [s]))
     groups.extend((lanes_by_id[p.instance_id], p.spans) for p in run.processes)
-    if c_span_nodes is not None:  # the same loop, ~15,000 instructions per span cheaper
+    if c_span_nodes is not None:  # the same loop, ~12,000 instructions per span cheaper
         raw_reader = run_type.RAW_HOT_READER
         nodes, by_id = c_span_nodes(
             [(lane, spans if type(spans) is list else list(spans)) for lane, spans in groups],

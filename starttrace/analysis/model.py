@@ -197,6 +197,12 @@ def self_ns(n: SpanNode) -> int:
     return max(0, n.duration - sum([c.duration for c in children]))
 
 
+try:  # starttrace/_modelcore.c, built at install where a C compiler is there
+    from starttrace._modelcore import select as c_select  # type: ignore[import-not-found]
+except ImportError:
+    c_select = None
+
+
 def select(
     spans: list[SpanNode], phases: tuple[str, ...], names: tuple[str, ...] = (), keep: bool = True
 ) -> list[SpanNode]:
@@ -208,12 +214,6 @@ def select(
     if keep:
         return [n for n in spans if n.phase in phases or n.name in names]
     return [n for n in spans if not (n.phase in phases or n.name in names)]
-
-
-try:  # starttrace/_modelcore.c, built at install where a C compiler is there
-    from starttrace._modelcore import select as c_select  # type: ignore[import-not-found]
-except ImportError:
-    c_select = None
 
 
 def rank_slot(lane: Lane) -> tuple[Any, ...]:
