@@ -128,14 +128,6 @@ peek_attrs(PyObject *module, PyObject *args)
    (tests/unit/test_span_nodes_c.py builds every model both ways and compares them). SpanNode's
    fields are written straight into its slots, at the offsets its member descriptors name. */
 
-enum {
-    N_ATTRS, N_CHILDREN, N_DEPTH, N_END, N_ERROR, N_ID, N_IMPORTS, N_IN_PROGRESS, N_INSTANT, N_LANE, N_MODULE,
-    N_NAME, N_PARENT, N_PARENT_NODE, N_PHASE, N_POS, N_SELF_US, N_START, N_THREAD, N_SLOTS
-};
-static const char *const NODE_SLOT_NAMES[N_SLOTS] = {
-    "attrs", "children", "depth", "end", "error", "id", "imports", "in_progress", "instant", "lane", "module",
-    "name", "parent", "parent_node", "phase", "pos", "self_us", "start", "thread",
-};
 enum { S_SPAN_ID, S_PARENT_ID, S_NAME, S_START_NS, S_END_NS, S_ATTRS, S_ERROR, S_THREAD, S_INSTANT, S_IN_PROGRESS, S_FIELDS };
 static const char *const SPAN_FIELD_NAMES[S_FIELDS] = {
     "span_id", "parent_id", "name", "start_ns", "end_ns", "attrs", "error", "thread", "instant", "in_progress",
@@ -185,9 +177,97 @@ slot_set_borrowed(PyObject *obj, Py_ssize_t offset, PyObject *value)
     slot_set(obj, offset, value);
 }
 
+/* Every slot offset of a span node type (analysis.model.SpanNode), found once per type. */
 typedef struct {
-    PyTypeObject *node_type;
-    Py_ssize_t off[N_SLOTS];
+    PyTypeObject *type; /* a strong reference, once set */
+    Py_ssize_t attrs, children, depth, duration, eff_end, end, error, id, imports, in_progress, instant, lane, module, name, parent, parent_node, phase, pos, self_us, start, thread;
+} NodeSlots;
+static NodeSlots node_slots_cache;
+
+static NodeSlots *
+node_slots(PyObject *node_type)
+{
+    if (!PyType_Check(node_type)) {
+        PyErr_SetString(PyExc_TypeError, "node_type must be a type");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)node_type;
+    if (node_slots_cache.type == type) {
+        return &node_slots_cache;
+    }
+    NodeSlots t;
+    t.type = type;
+    if ((t.attrs = slot_offset(type, "attrs")) < 0) {
+        return NULL;
+    }
+    if ((t.children = slot_offset(type, "children")) < 0) {
+        return NULL;
+    }
+    if ((t.depth = slot_offset(type, "depth")) < 0) {
+        return NULL;
+    }
+    if ((t.duration = slot_offset(type, "duration")) < 0) {
+        return NULL;
+    }
+    if ((t.eff_end = slot_offset(type, "eff_end")) < 0) {
+        return NULL;
+    }
+    if ((t.end = slot_offset(type, "end")) < 0) {
+        return NULL;
+    }
+    if ((t.error = slot_offset(type, "error")) < 0) {
+        return NULL;
+    }
+    if ((t.id = slot_offset(type, "id")) < 0) {
+        return NULL;
+    }
+    if ((t.imports = slot_offset(type, "imports")) < 0) {
+        return NULL;
+    }
+    if ((t.in_progress = slot_offset(type, "in_progress")) < 0) {
+        return NULL;
+    }
+    if ((t.instant = slot_offset(type, "instant")) < 0) {
+        return NULL;
+    }
+    if ((t.lane = slot_offset(type, "lane")) < 0) {
+        return NULL;
+    }
+    if ((t.module = slot_offset(type, "module")) < 0) {
+        return NULL;
+    }
+    if ((t.name = slot_offset(type, "name")) < 0) {
+        return NULL;
+    }
+    if ((t.parent = slot_offset(type, "parent")) < 0) {
+        return NULL;
+    }
+    if ((t.parent_node = slot_offset(type, "parent_node")) < 0) {
+        return NULL;
+    }
+    if ((t.phase = slot_offset(type, "phase")) < 0) {
+        return NULL;
+    }
+    if ((t.pos = slot_offset(type, "pos")) < 0) {
+        return NULL;
+    }
+    if ((t.self_us = slot_offset(type, "self_us")) < 0) {
+        return NULL;
+    }
+    if ((t.start = slot_offset(type, "start")) < 0) {
+        return NULL;
+    }
+    if ((t.thread = slot_offset(type, "thread")) < 0) {
+        return NULL;
+    }
+    Py_INCREF(type);
+    Py_XDECREF(node_slots_cache.type);
+    node_slots_cache = t;
+    return &node_slots_cache;
+}
+
+typedef struct {
+    NodeSlots *node;
     PyTypeObject *span_type; /* run.Span: its fields read from its slots */
     Py_ssize_t span_off[S_FIELDS];
     PyTypeObject *lazy_type; /* LazyAttrs */
@@ -208,11 +288,8 @@ node_build_init(NodeBuild *nb, PyObject *node_type, PyObject *span_type, PyObjec
             return -1;
         }
     }
-    nb->node_type = (PyTypeObject *)node_type;
-    for (int k = 0; k < N_SLOTS; k++) {
-        if ((nb->off[k] = slot_offset(nb->node_type, NODE_SLOT_NAMES[k])) < 0) {
-            return -1;
-        }
+    if ((nb->node = node_slots(node_type)) == NULL) {
+        return -1;
     }
     nb->lazy_type = NULL;
     if (lazy_type == Py_None) {
@@ -367,25 +444,25 @@ make_node(NodeBuild *nb, PyObject *span, PyObject *lane)
         PyErr_SetString(PyExc_TypeError, "span_nodes: a span's name must be a str");
         goto done;
     }
-    node = nb->node_type->tp_alloc(nb->node_type, 0);
+    const NodeSlots *ns = nb->node;
+    node = ns->type->tp_alloc(ns->type, 0);
     if (node == NULL) {
         goto done;
     }
-    const Py_ssize_t *off = nb->off;
     PyObject *children = PyList_New(0);
     if (children == NULL) {
         Py_CLEAR(node);
         goto done;
     }
-    slot_set(node, off[N_CHILDREN], children);
-    slot_set_borrowed(node, off[N_PARENT_NODE], Py_None);
-    slot_set_borrowed(node, off[N_IMPORTS], Py_None);
-    slot_set(node, off[N_DEPTH], PyLong_FromLong(0)); /* small ints: cannot fail */
-    slot_set(node, off[N_POS], PyLong_FromLong(0));
-    slot_set_borrowed(node, off[N_SELF_US], Py_None);
-    slot_set_borrowed(node, off[N_ID], f[S_SPAN_ID]);
-    slot_set_borrowed(node, off[N_PARENT], f[S_PARENT_ID]);
-    slot_set_borrowed(node, off[N_NAME], name);
+    slot_set(node, ns->children, children);
+    slot_set_borrowed(node, ns->parent_node, Py_None);
+    slot_set_borrowed(node, ns->imports, Py_None);
+    slot_set(node, ns->depth, PyLong_FromLong(0)); /* small ints: cannot fail */
+    slot_set(node, ns->pos, PyLong_FromLong(0));
+    slot_set_borrowed(node, ns->self_us, Py_None);
+    slot_set_borrowed(node, ns->id, f[S_SPAN_ID]);
+    slot_set_borrowed(node, ns->parent, f[S_PARENT_ID]);
+    slot_set_borrowed(node, ns->name, name);
     PyObject *attrs = f[S_ATTRS];
     if (attrs == Py_None) {
         attrs = PyDict_New(); /* not `or`: keeps lazily decoded attrs undecoded */
@@ -393,9 +470,9 @@ make_node(NodeBuild *nb, PyObject *span, PyObject *lane)
             Py_CLEAR(node);
             goto done;
         }
-        slot_set(node, off[N_ATTRS], attrs);
+        slot_set(node, ns->attrs, attrs);
     } else {
-        slot_set_borrowed(node, off[N_ATTRS], attrs);
+        slot_set_borrowed(node, ns->attrs, attrs);
     }
     if (hot_of(nb, attrs, hot) < 0) {
         Py_CLEAR(node);
@@ -403,33 +480,33 @@ make_node(NodeBuild *nb, PyObject *span, PyObject *lane)
     }
     PyObject *phase = hot[0];
     if (PyUnicode_CheckExact(phase) && PyUnicode_GET_LENGTH(phase) > 0) {
-        slot_set_borrowed(node, off[N_PHASE], phase);
+        slot_set_borrowed(node, ns->phase, phase);
     } else {
         PyObject *by_name = phase_by_name_c(nb, name);
         if (by_name == NULL) {
             Py_CLEAR(node);
             goto done;
         }
-        slot_set(node, off[N_PHASE], by_name);
+        slot_set(node, ns->phase, by_name);
     }
     PyObject *mod = hot[1];
     if (PyUnicode_Check(mod)) {
-        slot_set_borrowed(node, off[N_MODULE], mod);
+        slot_set_borrowed(node, ns->module, mod);
     } else if (PyUnicode_Tailmatch(name, str_import_prefix, 0, PY_SSIZE_T_MAX, -1) == 1) {
         PyObject *tail = PyUnicode_Substring(name, 7, PyUnicode_GET_LENGTH(name));
         if (tail == NULL) {
             Py_CLEAR(node);
             goto done;
         }
-        slot_set(node, off[N_MODULE], tail);
+        slot_set(node, ns->module, tail);
     } else {
-        slot_set_borrowed(node, off[N_MODULE], Py_None);
+        slot_set_borrowed(node, ns->module, Py_None);
     }
     PyObject *self_us = hot[2];
     if ((PyLong_Check(self_us) || PyFloat_Check(self_us)) && !PyBool_Check(self_us)) {
-        slot_set_borrowed(node, off[N_SELF_US], self_us);
+        slot_set_borrowed(node, ns->self_us, self_us);
     }
-    slot_set_borrowed(node, off[N_START], f[S_START_NS]);
+    slot_set_borrowed(node, ns->start, f[S_START_NS]);
     /* is_open = s.in_progress or s.end_ns is None */
     int truth = PyObject_IsTrue(f[S_IN_PROGRESS]);
     if (truth < 0) {
@@ -438,17 +515,17 @@ make_node(NodeBuild *nb, PyObject *span, PyObject *lane)
     }
     PyObject *is_open = truth ? f[S_IN_PROGRESS] : (f[S_END_NS] == Py_None ? Py_True : Py_False);
     int open = truth || f[S_END_NS] == Py_None;
-    slot_set_borrowed(node, off[N_IN_PROGRESS], is_open);
-    slot_set_borrowed(node, off[N_END], open ? Py_None : f[S_END_NS]);
+    slot_set_borrowed(node, ns->in_progress, is_open);
+    slot_set_borrowed(node, ns->end, open ? Py_None : f[S_END_NS]);
     int instant = PyObject_IsTrue(f[S_INSTANT]);
     if (instant < 0) {
         Py_CLEAR(node);
         goto done;
     }
-    slot_set_borrowed(node, off[N_INSTANT], instant && !open ? Py_True : Py_False);
-    slot_set_borrowed(node, off[N_ERROR], f[S_ERROR]);
-    slot_set_borrowed(node, off[N_THREAD], f[S_THREAD]);
-    slot_set_borrowed(node, off[N_LANE], lane);
+    slot_set_borrowed(node, ns->instant, instant && !open ? Py_True : Py_False);
+    slot_set_borrowed(node, ns->error, f[S_ERROR]);
+    slot_set_borrowed(node, ns->thread, f[S_THREAD]);
+    slot_set_borrowed(node, ns->lane, lane);
 done:
     for (int k = 0; k < 3; k++) {
         Py_XDECREF(hot[k]);
@@ -497,7 +574,7 @@ span_nodes(PyObject *module, PyObject *args)
             if (node == NULL) {
                 goto fail;
             }
-            if (PyDict_SetItem(by_id, SLOT(node, nb.off[N_ID]), node) < 0 || PyList_Append(nodes, node) < 0) {
+            if (PyDict_SetItem(by_id, SLOT(node, nb.node->id), node) < 0 || PyList_Append(nodes, node) < 0) {
                 Py_DECREF(node);
                 goto fail;
             }
@@ -521,27 +598,20 @@ link_tree(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!O!O:link_tree", &PyList_Type, &nodes, &PyDict_Type, &by_id, &node_type)) {
         return NULL;
     }
-    if (!PyType_Check(node_type)) {
-        PyErr_SetString(PyExc_TypeError, "link_tree: node_type must be a type");
-        return NULL;
-    }
-    PyTypeObject *type = (PyTypeObject *)node_type;
-    Py_ssize_t o_parent = slot_offset(type, "parent"), o_parent_node = slot_offset(type, "parent_node");
-    Py_ssize_t o_lane = slot_offset(type, "lane"), o_children = slot_offset(type, "children");
-    Py_ssize_t o_depth = slot_offset(type, "depth");
-    if (o_parent < 0 || o_parent_node < 0 || o_lane < 0 || o_children < 0 || o_depth < 0) {
+    NodeSlots *t = node_slots(node_type);
+    if (t == NULL) {
         return NULL;
     }
     Py_ssize_t count = PyList_GET_SIZE(nodes);
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (!Py_IS_TYPE(PyList_GET_ITEM(nodes, i), type)) {
+        if (!Py_IS_TYPE(PyList_GET_ITEM(nodes, i), t->type)) {
             PyErr_SetString(PyExc_TypeError, "link_tree: nodes must be of node_type");
             return NULL;
         }
     }
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *n = PyList_GET_ITEM(nodes, i);
-        PyObject *pid = SLOT(n, o_parent);
+        PyObject *pid = SLOT(n, t->parent);
         if (pid == NULL) {
             PyErr_SetString(PyExc_AttributeError, "parent");
             return NULL;
@@ -563,9 +633,9 @@ link_tree(PyObject *module, PyObject *args)
         if (parent == n) {
             continue;
         }
-        slot_set_borrowed(n, o_parent_node, parent);
-        if (Py_IS_TYPE(parent, type) && SLOT(parent, o_lane) == SLOT(n, o_lane)) {
-            PyObject *children = SLOT(parent, o_children);
+        slot_set_borrowed(n, t->parent_node, parent);
+        if (Py_IS_TYPE(parent, t->type) && SLOT(parent, t->lane) == SLOT(n, t->lane)) {
+            PyObject *children = SLOT(parent, t->children);
             if (children == NULL || !PyList_Check(children) || PyList_Append(children, n) < 0) {
                 if (!PyErr_Occurred()) {
                     PyErr_SetString(PyExc_TypeError, "children must be a list");
@@ -577,18 +647,18 @@ link_tree(PyObject *module, PyObject *args)
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *n = PyList_GET_ITEM(nodes, i);
         long depth = 0;
-        PyObject *lane = SLOT(n, o_lane);
-        PyObject *p = SLOT(n, o_parent_node);
+        PyObject *lane = SLOT(n, t->lane);
+        PyObject *p = SLOT(n, t->parent_node);
         /* bounded: guards cycles */
-        while (p != NULL && p != Py_None && Py_IS_TYPE(p, type) && SLOT(p, o_lane) == lane && depth < 10000) {
+        while (p != NULL && p != Py_None && Py_IS_TYPE(p, t->type) && SLOT(p, t->lane) == lane && depth < 10000) {
             depth++;
-            p = SLOT(p, o_parent_node);
+            p = SLOT(p, t->parent_node);
         }
         PyObject *value = PyLong_FromLong(depth);
         if (value == NULL) {
             return NULL;
         }
-        slot_set(n, o_depth, value);
+        slot_set(n, t->depth, value);
     }
     Py_RETURN_NONE;
 }
@@ -603,16 +673,8 @@ hotspot_sums(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!OU:hotspot_sums", &PyList_Type, &nodes, &node_type, &import_phase)) {
         return NULL;
     }
-    if (!PyType_Check(node_type)) {
-        PyErr_SetString(PyExc_TypeError, "hotspot_sums: node_type must be a type");
-        return NULL;
-    }
-    PyTypeObject *type = (PyTypeObject *)node_type;
-    Py_ssize_t o_phase = slot_offset(type, "phase"), o_module = slot_offset(type, "module");
-    Py_ssize_t o_name = slot_offset(type, "name"), o_duration = slot_offset(type, "duration");
-    Py_ssize_t o_self = slot_offset(type, "self_us"), o_children = slot_offset(type, "children");
-    Py_ssize_t o_lane = slot_offset(type, "lane");
-    if (o_phase < 0 || o_module < 0 || o_name < 0 || o_duration < 0 || o_self < 0 || o_children < 0 || o_lane < 0) {
+    NodeSlots *t = node_slots(node_type);
+    if (t == NULL) {
         return NULL;
     }
     PyObject *acc = PyDict_New(), *thousand = PyLong_FromLong(1000), *zero = PyLong_FromLong(0);
@@ -622,14 +684,14 @@ hotspot_sums(PyObject *module, PyObject *args)
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
         PyObject *n = PyList_GET_ITEM(nodes, i);
-        if (!Py_IS_TYPE(n, type)) {
+        if (!Py_IS_TYPE(n, t->type)) {
             PyErr_SetString(PyExc_TypeError, "hotspot_sums: nodes must be of node_type");
             goto fail;
         }
-        PyObject *phase = SLOT(n, o_phase), *mod = SLOT(n, o_module), *duration = SLOT(n, o_duration);
-        PyObject *self_us = SLOT(n, o_self), *children = SLOT(n, o_children), *lane = SLOT(n, o_lane);
+        PyObject *phase = SLOT(n, t->phase), *mod = SLOT(n, t->module), *duration = SLOT(n, t->duration);
+        PyObject *self_us = SLOT(n, t->self_us), *children = SLOT(n, t->children), *lane = SLOT(n, t->lane);
         if (phase == NULL || mod == NULL || duration == NULL || self_us == NULL || children == NULL || lane == NULL ||
-            SLOT(n, o_name) == NULL) {
+            SLOT(n, t->name) == NULL) {
             PyErr_SetString(PyExc_AttributeError, "hotspot_sums: a span node is not built yet");
             goto fail;
         }
@@ -645,7 +707,7 @@ hotspot_sums(PyObject *module, PyObject *args)
             goto fail;
         }
         if (!truth) {
-            mod = SLOT(n, o_name);
+            mod = SLOT(n, t->name);
         }
         /* self_ns(n) */
         PyObject *own;
@@ -668,7 +730,7 @@ hotspot_sums(PyObject *module, PyObject *args)
             Py_INCREF(sum);
             for (Py_ssize_t c = 0; c < PyList_GET_SIZE(children); c++) {
                 PyObject *child = PyList_GET_ITEM(children, c);
-                PyObject *cd = Py_IS_TYPE(child, type) ? SLOT(child, o_duration) : NULL;
+                PyObject *cd = Py_IS_TYPE(child, t->type) ? SLOT(child, t->duration) : NULL;
                 if (cd == NULL) {
                     Py_DECREF(sum);
                     PyErr_SetString(PyExc_AttributeError, "hotspot_sums: a child's duration");
@@ -763,15 +825,8 @@ set_durations(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!OO:set_durations", &PyList_Type, &nodes, &node_type, &t_eff)) {
         return NULL;
     }
-    if (!PyType_Check(node_type)) {
-        PyErr_SetString(PyExc_TypeError, "set_durations: node_type must be a type");
-        return NULL;
-    }
-    PyTypeObject *type = (PyTypeObject *)node_type;
-    Py_ssize_t o_start = slot_offset(type, "start"), o_end = slot_offset(type, "end");
-    Py_ssize_t o_open = slot_offset(type, "in_progress"), o_eff = slot_offset(type, "eff_end");
-    Py_ssize_t o_duration = slot_offset(type, "duration");
-    if (o_start < 0 || o_end < 0 || o_open < 0 || o_eff < 0 || o_duration < 0) {
+    NodeSlots *t = node_slots(node_type);
+    if (t == NULL) {
         return NULL;
     }
     PyObject *zero = PyLong_FromLong(0);
@@ -780,18 +835,18 @@ set_durations(PyObject *module, PyObject *args)
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
         PyObject *n = PyList_GET_ITEM(nodes, i);
-        if (!Py_IS_TYPE(n, type) || SLOT(n, o_start) == NULL || SLOT(n, o_end) == NULL || SLOT(n, o_open) == NULL) {
+        if (!Py_IS_TYPE(n, t->type) || SLOT(n, t->start) == NULL || SLOT(n, t->end) == NULL || SLOT(n, t->in_progress) == NULL) {
             PyErr_SetString(PyExc_TypeError, "set_durations: nodes must be built span nodes");
             Py_DECREF(zero);
             return NULL;
         }
-        PyObject *start = SLOT(n, o_start);
-        int open = PyObject_IsTrue(SLOT(n, o_open));
+        PyObject *start = SLOT(n, t->start);
+        int open = PyObject_IsTrue(SLOT(n, t->in_progress));
         if (open < 0) {
             Py_DECREF(zero);
             return NULL;
         }
-        PyObject *end = open ? t_eff : SLOT(n, o_end);
+        PyObject *end = open ? t_eff : SLOT(n, t->end);
         int later = PyObject_RichCompareBool(end, start, Py_GT);
         if (later < 0) {
             Py_DECREF(zero);
@@ -803,11 +858,11 @@ set_durations(PyObject *module, PyObject *args)
                 Py_DECREF(zero);
                 return NULL;
             }
-            slot_set_borrowed(n, o_eff, end);
-            slot_set(n, o_duration, duration);
+            slot_set_borrowed(n, t->eff_end, end);
+            slot_set(n, t->duration, duration);
         } else {
-            slot_set_borrowed(n, o_eff, start);
-            slot_set_borrowed(n, o_duration, zero);
+            slot_set_borrowed(n, t->eff_end, start);
+            slot_set_borrowed(n, t->duration, zero);
         }
     }
     Py_DECREF(zero);
@@ -877,14 +932,8 @@ phase_intervals(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!OOO:phase_intervals", &PyList_Type, &work, &node_type, &low_obj, &high_obj)) {
         return NULL;
     }
-    if (!PyType_Check(node_type)) {
-        PyErr_SetString(PyExc_TypeError, "phase_intervals: node_type must be a type");
-        return NULL;
-    }
-    PyTypeObject *type = (PyTypeObject *)node_type;
-    Py_ssize_t o_start = slot_offset(type, "start"), o_eff = slot_offset(type, "eff_end");
-    Py_ssize_t o_phase = slot_offset(type, "phase"), o_instant = slot_offset(type, "instant");
-    if (o_start < 0 || o_eff < 0 || o_phase < 0 || o_instant < 0) {
+    NodeSlots *t = node_slots(node_type);
+    if (t == NULL) {
         return NULL;
     }
     long long low, high;
@@ -903,12 +952,12 @@ phase_intervals(PyObject *module, PyObject *args)
     Py_ssize_t used = 0, n_clipped = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *n = PyList_GET_ITEM(work, i);
-        if (!Py_IS_TYPE(n, type) || SLOT(n, o_start) == NULL || SLOT(n, o_eff) == NULL || SLOT(n, o_phase) == NULL ||
-            SLOT(n, o_instant) == NULL) {
+        if (!Py_IS_TYPE(n, t->type) || SLOT(n, t->start) == NULL || SLOT(n, t->eff_end) == NULL || SLOT(n, t->phase) == NULL ||
+            SLOT(n, t->instant) == NULL) {
             PyErr_SetString(PyExc_TypeError, "phase_intervals: work must be built span nodes");
             goto done;
         }
-        int instant = PyObject_IsTrue(SLOT(n, o_instant));
+        int instant = PyObject_IsTrue(SLOT(n, t->instant));
         if (instant < 0) {
             goto done;
         }
@@ -916,12 +965,12 @@ phase_intervals(PyObject *module, PyObject *args)
             continue;
         }
         long long s0, e0;
-        if (!as_time(SLOT(n, o_start), &s0) || !as_time(SLOT(n, o_eff), &e0)) {
+        if (!as_time(SLOT(n, t->start), &s0) || !as_time(SLOT(n, t->eff_end), &e0)) {
             Py_INCREF(Py_None);
             result = Py_None;
             goto done;
         }
-        PyObject *phase = SLOT(n, o_phase);
+        PyObject *phase = SLOT(n, t->phase);
         PyObject *at = PyDict_GetItemWithError(index, phase);
         Py_ssize_t k;
         if (at == NULL) {
@@ -1012,36 +1061,6 @@ done:
    every rank several times over (the `preload` findings: ~40 % of the model build in Python). The
    same walks, over the span nodes' slots; the Python functions stay the reference and fallback. */
 
-typedef struct {
-    PyTypeObject *type; /* a strong reference, once set */
-    Py_ssize_t children, imports, phase, module, id, in_progress, start, parent_node, lane;
-} TreeSlots;
-static TreeSlots tree_slots;
-
-static TreeSlots *
-tree_slots_of(PyObject *node_type)
-{
-    if (!PyType_Check(node_type)) {
-        PyErr_SetString(PyExc_TypeError, "node_type must be a type");
-        return NULL;
-    }
-    PyTypeObject *type = (PyTypeObject *)node_type;
-    if (tree_slots.type == type) {
-        return &tree_slots;
-    }
-    TreeSlots t = {type, slot_offset(type, "children"), slot_offset(type, "imports"), slot_offset(type, "phase"),
-                   slot_offset(type, "module"), slot_offset(type, "id"), slot_offset(type, "in_progress"),
-                   slot_offset(type, "start"), slot_offset(type, "parent_node"), slot_offset(type, "lane")};
-    if (t.children < 0 || t.imports < 0 || t.phase < 0 || t.module < 0 || t.id < 0 || t.in_progress < 0 ||
-        t.start < 0 || t.parent_node < 0 || t.lane < 0) {
-        return NULL;
-    }
-    Py_INCREF(type);
-    Py_XDECREF(tree_slots.type);
-    tree_slots = t;
-    return &tree_slots;
-}
-
 /* a == b for two phase names (str); -1 with an exception when they cannot be compared */
 static inline int
 same_str(PyObject *a, PyObject *b)
@@ -1067,7 +1086,7 @@ node_slot(PyObject *n, Py_ssize_t offset, const char *name)
 
 /* node.imports, computed once (a borrowed reference), as findings.common.import_children */
 static PyObject *
-imports_of(TreeSlots *t, PyObject *node)
+imports_of(NodeSlots *t, PyObject *node)
 {
     if (!Py_IS_TYPE(node, t->type)) {
         PyErr_SetString(PyExc_TypeError, "import trees: not a span node");
@@ -1144,7 +1163,7 @@ import_children_c(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "OO:import_children", &node, &node_type)) {
         return NULL;
     }
-    TreeSlots *t = tree_slots_of(node_type);
+    NodeSlots *t = node_slots(node_type);
     PyObject *out = t == NULL ? NULL : imports_of(t, node);
     Py_XINCREF(out);
     return out;
@@ -1183,7 +1202,7 @@ subtree_modules_c(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "OO!O:subtree_modules", &node, &PyDict_Type, &memo, &node_type)) {
         return NULL;
     }
-    TreeSlots *t = tree_slots_of(node_type);
+    NodeSlots *t = node_slots(node_type);
     if (t == NULL) {
         return NULL;
     }
@@ -1248,7 +1267,7 @@ top_imports_c(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!OO:top_imports", &PyList_Type, &spans, &until, &node_type)) {
         return NULL;
     }
-    TreeSlots *t = tree_slots_of(node_type);
+    NodeSlots *t = node_slots(node_type);
     PyObject *out = t == NULL ? NULL : PyList_New(0);
     if (out == NULL) {
         return NULL;
@@ -1331,7 +1350,7 @@ covered_nodes_c(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "covered_nodes: covered must be a set");
         return NULL;
     }
-    TreeSlots *t = tree_slots_of(node_type);
+    NodeSlots *t = node_slots(node_type);
     PyObject *out = t == NULL ? NULL : PyList_New(0);
     Stack st = {NULL, 0, 0};
     if (out == NULL || stack_push_all(&st, roots) < 0) {
@@ -1389,9 +1408,8 @@ pick_walk(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "pick_walk: allowed and flagged must be sets");
         return NULL;
     }
-    TreeSlots *t = tree_slots_of(node_type);
-    Py_ssize_t o_error = t == NULL ? -1 : slot_offset(t->type, "error");
-    if (o_error < 0) {
+    NodeSlots *t = node_slots(node_type);
+    if (t == NULL) {
         return NULL;
     }
     PyObject *picked = PyList_New(0), *noted = PyList_New(0), *result = NULL;
@@ -1402,7 +1420,7 @@ pick_walk(PyObject *module, PyObject *args)
     while (st.size > 0) {
         PyObject *n = st.items[--st.size];
         PyObject *mod = Py_IS_TYPE(n, t->type) ? node_slot(n, t->module, "module") : NULL;
-        PyObject *error = mod == NULL ? NULL : node_slot(n, o_error, "error");
+        PyObject *error = mod == NULL ? NULL : node_slot(n, t->error, "error");
         if (error == NULL) {
             if (!PyErr_Occurred()) {
                 PyErr_SetString(PyExc_TypeError, "pick_walk: not a span node");
@@ -1465,22 +1483,21 @@ select_c(PyObject *module, PyObject *args)
                           &PyTuple_Type, &names, &keep)) {
         return NULL;
     }
-    TreeSlots *t = tree_slots_of(node_type);
-    Py_ssize_t o_name = t == NULL ? -1 : slot_offset(t->type, "name");
-    PyObject *out = o_name < 0 ? NULL : PyList_New(0);
+    NodeSlots *t = node_slots(node_type);
+    PyObject *out = t == NULL ? NULL : PyList_New(0);
     if (out == NULL) {
         return NULL;
     }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(spans); i++) {
         PyObject *n = PyList_GET_ITEM(spans, i);
-        if (!Py_IS_TYPE(n, t->type) || SLOT(n, t->phase) == NULL || SLOT(n, o_name) == NULL) {
+        if (!Py_IS_TYPE(n, t->type) || SLOT(n, t->phase) == NULL || SLOT(n, t->name) == NULL) {
             PyErr_SetString(PyExc_TypeError, "select: spans must be built span nodes");
             Py_DECREF(out);
             return NULL;
         }
         int hit = in_names(SLOT(n, t->phase), phases);
         if (hit == 0) {
-            hit = in_names(SLOT(n, o_name), names);
+            hit = in_names(SLOT(n, t->name), names);
         }
         if (hit < 0) {
             Py_DECREF(out);
@@ -1525,13 +1542,8 @@ step_candidates(PyObject *module, PyObject *args)
                           &structural)) {
         return NULL;
     }
-    TreeSlots *t = tree_slots_of(node_type);
+    NodeSlots *t = node_slots(node_type);
     if (t == NULL) {
-        return NULL;
-    }
-    Py_ssize_t o_instant = slot_offset(t->type, "instant"), o_duration = slot_offset(t->type, "duration");
-    Py_ssize_t o_eff = slot_offset(t->type, "eff_end");
-    if (o_instant < 0 || o_duration < 0 || o_eff < 0) {
         return NULL;
     }
     Py_ssize_t count = PyList_GET_SIZE(spans), used = 0;
@@ -1545,14 +1557,14 @@ step_candidates(PyObject *module, PyObject *args)
         if (n == proc) {
             continue;
         }
-        if (!Py_IS_TYPE(n, t->type) || SLOT(n, t->phase) == NULL || SLOT(n, o_instant) == NULL ||
-            SLOT(n, o_duration) == NULL || SLOT(n, o_eff) == NULL) {
+        if (!Py_IS_TYPE(n, t->type) || SLOT(n, t->phase) == NULL || SLOT(n, t->instant) == NULL ||
+            SLOT(n, t->duration) == NULL || SLOT(n, t->eff_end) == NULL) {
             PyErr_SetString(PyExc_TypeError, "step_candidates: spans must be built span nodes");
             goto done;
         }
         int skip = in_names(SLOT(n, t->phase), structural);
         if (skip == 0) {
-            skip = PyObject_IsTrue(SLOT(n, o_instant));
+            skip = PyObject_IsTrue(SLOT(n, t->instant));
         }
         if (skip != 0) {
             if (skip < 0) {
@@ -1561,13 +1573,13 @@ step_candidates(PyObject *module, PyObject *args)
             continue;
         }
         long long duration, end;
-        if (!PyLong_CheckExact(SLOT(n, o_duration))) { /* the Python code compares what it is */
+        if (!PyLong_CheckExact(SLOT(n, t->duration))) { /* the Python code compares what it is */
             Py_INCREF(Py_None);
             result = Py_None;
             goto done;
         }
         int overflow = 0;
-        duration = PyLong_AsLongLongAndOverflow(SLOT(n, o_duration), &overflow);
+        duration = PyLong_AsLongLongAndOverflow(SLOT(n, t->duration), &overflow);
         if (overflow || (duration == -1 && PyErr_Occurred())) {
             PyErr_Clear();
             Py_INCREF(Py_None);
@@ -1577,7 +1589,7 @@ step_candidates(PyObject *module, PyObject *args)
         if (duration <= 0) {
             continue;
         }
-        if (!as_time(SLOT(n, o_eff), &end)) {
+        if (!as_time(SLOT(n, t->eff_end), &end)) {
             Py_INCREF(Py_None);
             result = Py_None;
             goto done;
@@ -1596,7 +1608,7 @@ step_candidates(PyObject *module, PyObject *args)
     for (Py_ssize_t i = 0; i < used; i++) {
         Py_INCREF(c[i].node);
         PyList_SET_ITEM(cand, i, c[i].node);
-        PyObject *end = SLOT(c[i].node, o_eff);
+        PyObject *end = SLOT(c[i].node, t->eff_end);
         Py_INCREF(end);
         PyList_SET_ITEM(ends, i, end);
     }
