@@ -18,10 +18,9 @@
 #include <stddef.h>
 #include <string.h>
 
-/* ---- peek_attrs: the service's cold model build ------------------------------------------- */
+/* ---- peek_attrs: the three hot attributes of a stored span ----------------------------------- */
 
-/* Not the traced program's hot path but the service's: building the waterfall model asks every
-   stored span for the same three attributes (sources/lazy_attrs.py, `peek_hot`), and in Python the
+/* Building the waterfall model asks every stored span for the same three attributes (sources/lazy_attrs.py, `peek_hot`), and in Python the
    byte searches for them cost ~20,000 instructions per span, a quarter of the build. This is the
    common case of `peek_hot`, the same rule: a key whose pattern is not in the bytes is missing;
    one that occurs once, as a short string value of a top-level `Span.attributes` entry, is that
@@ -120,13 +119,14 @@ peek_attrs(PyObject *module, PyObject *args)
     return out;
 }
 
-/* ---- span_nodes, link_tree: the service's model build -------------------------------------- */
+/* ---- analysis/lanes.py: span nodes, tree links, hotspot sums, effective ends, lane intervals -- */
 
-/* `analysis.lanes._span_nodes` and `_link_tree`, the two passes of the model build that touch every
-   span's fields one by one (in Python ~21,000 instructions per span, a third of the build). The
-   Python functions stay the reference and the fallback; these do the same, step for step
-   (tests/unit/test_span_nodes_c.py builds every model both ways and compares them). SpanNode's
-   fields are written straight into its slots, at the offsets its member descriptors name. */
+/* `analysis.lanes._span_nodes` and `_link_tree` touch every span's fields one by one (in Python
+   ~21,000 instructions per span, a third of the build before this code); `_hotspot_sums`,
+   `_set_durations` and `_phase_intervals` run once per span too. The Python functions stay the
+   reference and the fallback; these do the same, step for step (tests/unit/test_span_nodes_c.py
+   builds every model both ways and compares them). SpanNode's fields are written straight into its
+   slots, at the offsets its member descriptors name (`NodeSlots`). */
 
 enum { S_SPAN_ID, S_PARENT_ID, S_NAME, S_START_NS, S_END_NS, S_ATTRS, S_ERROR, S_THREAD, S_INSTANT, S_IN_PROGRESS, S_FIELDS };
 static const char *const SPAN_FIELD_NAMES[S_FIELDS] = {
@@ -1055,7 +1055,7 @@ done:
     return result;
 }
 
-/* ---- import trees: the findings' walks (analysis/findings/common.py) ------------------------ */
+/* ---- import trees, select, step candidates (analysis/findings, model.py, critical_path.py) ---- */
 
 /* `import_children`, `subtree_modules`, `top_imports` and `covered_nodes` walk the import trees of
    every rank several times over (the `preload` findings: ~40 % of the model build in Python). The
