@@ -322,7 +322,7 @@ hot_of(NodeBuild *nb, PyObject *attrs, PyObject **out)
         return 0;
     }
     if (nb->lazy_type != NULL && Py_IS_TYPE(attrs, nb->lazy_type)) {
-        /* LazyAttrs.hot's common case: nothing read yet, protobuf bytes */
+        /* the common case of LazyAttrs.hot (its peek_hot, in one pass): nothing read yet, protobuf bytes */
         PyObject *peeked = SLOT(attrs, nb->lazy_peeked);
         PyObject *raw = SLOT(attrs, nb->lazy_raw);
         if (peeked != NULL && PyDict_CheckExact(peeked) && PyDict_GET_SIZE(peeked) == 0 && raw != NULL &&

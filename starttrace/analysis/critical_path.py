@@ -7,8 +7,6 @@ import operator
 
 from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, PathStep, RunModel, SpanNode, select
 
-_STRUCTURAL = tuple(sorted(STRUCTURAL_PHASES))
-
 try:  # starttrace/_modelcore.c, built at install where a C compiler is there
     from starttrace._modelcore import step_candidates as c_step_candidates  # type: ignore[import-not-found]
 except ImportError:
@@ -105,15 +103,14 @@ def _candidates(lanes: list[Lane]) -> tuple[list[list[SpanNode]], list[list[int]
     ends: list[list[int]] = []
     for lane in lanes:
         proc = lane.process_span
-        done = c_step_candidates(lane.spans, proc, SpanNode, _STRUCTURAL) if c_step_candidates is not None else None
+        done = None if c_step_candidates is None else c_step_candidates(lane.spans, proc, SpanNode, STRUCTURAL_PHASES)
         if done is not None:  # in C: None when a time is beyond 64 bits
             per_lane.append(done[0])
             ends.append(done[1])
             continue
         # _can_be_a_step, inline: it runs for every span
-        cand = [
-            n for n in select(lane.spans, _STRUCTURAL, keep=False) if n is not proc and not n.instant and n.duration > 0
-        ]
+        work = select(lane.spans, STRUCTURAL_PHASES, keep=False)
+        cand = [n for n in work if n is not proc and not n.instant and n.duration > 0]
         cand.sort(key=_DURATION, reverse=True)  # two stable sorts: by end, then the longest first
         cand.sort(key=_EFF_END)
         per_lane.append(cand)

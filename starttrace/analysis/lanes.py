@@ -38,7 +38,6 @@ except ImportError:
     c_span_nodes = c_link_tree = c_set_durations = c_hotspot_sums = c_phase_intervals = None
 
 _START = operator.attrgetter("start")
-_STRUCTURAL = tuple(sorted(STRUCTURAL_PHASES))
 
 
 def _str(value: Any) -> str | None:
@@ -274,7 +273,7 @@ def _command(value: Any) -> str | None:
 def _lane_facts(lane: Lane, run_ready: int | None, t_eff: int) -> None:
     spans = lane.spans
     proc = lane.process_span
-    work = select(spans, _STRUCTURAL, keep=False)
+    work = select(spans, STRUCTURAL_PHASES, keep=False)
     if proc is not None and proc.phase not in STRUCTURAL_PHASES:
         work.remove(proc)  # by identity: span nodes have no __eq__
     # ready

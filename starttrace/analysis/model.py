@@ -41,7 +41,7 @@ NAME_PHASES = {
 }
 
 # phases whose time is not "work" inside a lane
-STRUCTURAL_PHASES = frozenset({"process", "startup"})
+STRUCTURAL_PHASES = ("process", "startup")  # a tuple: `select` takes it as it is
 
 GAP_MIN_NS = 1_000_000  # gaps shorter than 1 ms are not listed
 MAX_GAPS = 20
@@ -207,8 +207,8 @@ def select(
     spans: list[SpanNode], phases: tuple[str, ...], names: tuple[str, ...] = (), keep: bool = True
 ) -> list[SpanNode]:
     """The spans whose phase is in `phases` or whose name is in `names`; with `keep=False` the
-    others. In order; in C where the extension is built (the views and findings filter every lane
-    this way, several times)."""
+    others. In order; in C where the extension is built (the model build and the findings filter
+    every lane this way, several times)."""
     if c_select is not None:
         return c_select(spans, SpanNode, phases, names, keep)  # type: ignore[no-any-return]
     if keep:

@@ -108,7 +108,6 @@ _HOT = tuple((key, _pattern(key)) for key in HOT_KEYS)
 
 
 _HOT_PATTERNS = tuple(pattern for _, pattern in _HOT)
-_K0, _K1, _K2 = HOT_KEYS
 try:  # the common case in C (starttrace/_modelcore.c, built at install where a C compiler is there)
     from starttrace._modelcore import peek_attrs as c_peek_attrs  # type: ignore[import-not-found]
 except ImportError:
@@ -219,13 +218,6 @@ class LazyAttrs(dict):  # type: ignore[type-arg]
         """`get` of each of HOT_KEYS (`starttrace.run.hot_values` asks for them in one call)."""
         peeked = self._peeked
         raw = self._raw
-        if not peeked and peeked is not None and c_peek_attrs is not None and type(raw) is bytes:
-            # the common case (nothing read yet) straight from C: through `peek_hot` and the dict it
-            # fills, ~6,000 instructions more per span, a tenth of the model build
-            a, b, c = c_peek_attrs(raw, _HOT_PATTERNS, _MISSING, _UNKNOWN)
-            if a is not _UNKNOWN and b is not _UNKNOWN and c is not _UNKNOWN:
-                self._peeked = {_K0: a, _K1: b, _K2: c}
-                return (None if a is _MISSING else a), (None if b is _MISSING else b), (None if c is _MISSING else c)
         if peeked is not None and isinstance(raw, bytes):
             if HOT_KEYS[0] not in peeked:
                 peek_hot(raw, peeked)

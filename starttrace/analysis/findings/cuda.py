@@ -70,8 +70,8 @@ def cuda_audit(model: RunModel) -> dict[str, Any]:
         if cudas:
             cuda_lanes += 1
         is_fs = is_forkserver(lane)
+        launches = select(lane.spans, ("fork", "launch"), ("process.fork", "process.launch")) if cudas else []
         for c in cudas:
-            launches = select(lane.spans, ("fork", "launch"), ("process.fork", "process.launch"))
             forks = [n for n in launches if _is_fork(n) and n.start >= c.start]
             if not forks and not is_fs:
                 continue
