@@ -17,6 +17,8 @@
 #include <structmember.h>
 #include <stddef.h>
 #include <string.h>
+#include <stdint.h>
+#include <limits.h>
 
 /* ---- peek_attrs: the three hot attributes of a stored span ----------------------------------- */
 
@@ -135,6 +137,7 @@ static const char *const SPAN_FIELD_NAMES[S_FIELDS] = {
 static PyObject *span_fields[S_FIELDS];
 static PyObject *str_process, *str_startup;
 static PyObject *str_import, *str_preload_phase, *str_other, *str_import_prefix, *str_preload_prefix;
+static PyObject *str_spans, *str_index; /* Lane attributes */
 
 /* The offset of slot `name` of `type` (a T_OBJECT_EX member descriptor of it or a base), or -1. */
 static Py_ssize_t
@@ -180,7 +183,7 @@ slot_set_borrowed(PyObject *obj, Py_ssize_t offset, PyObject *value)
 /* Every slot offset of a span node type (analysis.model.SpanNode), found once per type. */
 typedef struct {
     PyTypeObject *type; /* a strong reference, once set */
-    Py_ssize_t attrs, children, depth, duration, eff_end, end, error, id, imports, in_progress, instant, lane, module, name, parent, parent_node, phase, pos, self_us, start, thread;
+    Py_ssize_t attrs, children, depth, duration, eff_end, end, error, id, idx, imports, in_progress, instant, lane, module, name, parent, parent_node, phase, pos, self_us, start, thread;
 } NodeSlots;
 static NodeSlots node_slots_cache;
 
@@ -251,6 +254,9 @@ node_slots(PyObject *node_type)
     if ((t.pos = slot_offset(type, "pos")) < 0) {
         return NULL;
     }
+    if ((t.idx = slot_offset(type, "idx")) < 0) {
+        return NULL;
+    }
     if ((t.self_us = slot_offset(type, "self_us")) < 0) {
         return NULL;
     }
@@ -273,7 +279,31 @@ typedef struct {
     PyTypeObject *lazy_type; /* LazyAttrs */
     Py_ssize_t lazy_peeked, lazy_raw;
     PyObject *patterns, *keys, *missing, *unknown, *name_phases, *hot_values;
+    PyObject *last_phase; /* the interned phase of the last node (a strong reference), or NULL */
 } NodeBuild;
+
+/* The phase a node keeps: `phase` interned, so that it is the very object of the names the
+   analysis compares it with ("import", ...): `select` and the findings then match phases by
+   identity (each span's phase otherwise is a str of its own, read from its stored bytes, and every
+   comparison was a string compare). Spans in a row mostly share a phase: the last one is reused
+   without a lookup. A new reference. */
+static PyObject *
+shared_phase(NodeBuild *nb, PyObject *phase)
+{
+    PyObject *last = nb->last_phase;
+    if (last != NULL && (last == phase || (PyUnicode_GET_LENGTH(last) == PyUnicode_GET_LENGTH(phase) &&
+                                           PyUnicode_KIND(last) == PyUnicode_KIND(phase) &&
+                                           memcmp(PyUnicode_DATA(last), PyUnicode_DATA(phase),
+                                                  (size_t)PyUnicode_GET_LENGTH(phase) * PyUnicode_KIND(phase)) == 0))) {
+        Py_INCREF(last);
+        return last;
+    }
+    Py_INCREF(phase);
+    PyUnicode_InternInPlace(&phase);
+    Py_INCREF(phase);
+    Py_XSETREF(nb->last_phase, phase);
+    return phase;
+}
 
 static int
 node_build_init(NodeBuild *nb, PyObject *node_type, PyObject *span_type, PyObject *lazy_type)
@@ -480,7 +510,7 @@ make_node(NodeBuild *nb, PyObject *span, PyObject *lane)
     }
     PyObject *phase = hot[0];
     if (PyUnicode_CheckExact(phase) && PyUnicode_GET_LENGTH(phase) > 0) {
-        slot_set_borrowed(node, ns->phase, phase);
+        slot_set(node, ns->phase, shared_phase(nb, phase));
     } else {
         PyObject *by_name = phase_by_name_c(nb, name);
         if (by_name == NULL) {
@@ -554,6 +584,7 @@ span_nodes(PyObject *module, PyObject *args)
     if (lazy_type != Py_None && check_patterns(nb.patterns) < 0) {
         return NULL;
     }
+    nb.last_phase = NULL;
     if (node_build_init(&nb, node_type, span_type, lazy_type) < 0) {
         return NULL;
     }
@@ -584,10 +615,12 @@ span_nodes(PyObject *module, PyObject *args)
     PyObject *out = PyTuple_Pack(2, nodes, by_id);
     Py_DECREF(nodes);
     Py_DECREF(by_id);
+    Py_XDECREF(nb.last_phase);
     return out;
 fail:
     Py_XDECREF(nodes);
     Py_XDECREF(by_id);
+    Py_XDECREF(nb.last_phase);
     return NULL;
 }
 
@@ -1069,6 +1102,9 @@ same_str(PyObject *a, PyObject *b)
         return 1;
     }
     if (PyUnicode_CheckExact(a) && PyUnicode_CheckExact(b)) {
+        if (PyUnicode_CHECK_INTERNED(a) && PyUnicode_CHECK_INTERNED(b)) {
+            return 0; /* two interned strings are equal only when they are one (span nodes' phases are) */
+        }
         return PyUnicode_GET_LENGTH(a) == PyUnicode_GET_LENGTH(b) && PyUnicode_Compare(a, b) == 0;
     }
     return PyObject_RichCompareBool(a, b, Py_EQ);
@@ -1739,6 +1775,489 @@ fail:
     return NULL;
 }
 
+/* `analysis.lanes.import_hotspots`'s sums and its cut in one pass, with no Python object per
+   module: per module (`n.module or n.name`) of the import spans, its cumulative and self ns and
+   import count as C integers and its lanes as bits, in an open-addressing table keyed by the
+   module's hash. Returns (module, [cumulative ns, self ns, set of lane indices, count]) for every
+   module whose cumulative time is at least the `limit`-th longest (all of them when there are no
+   more than `limit`; none for a limit <= 0), unordered: what `import_hotspots` keeps of
+   `hotspot_sums`' dict before it sorts. None when a value is not a plain int in int64 (or a float
+   self time), or a lane is not an index below `lanes`: `hotspot_sums` then does it. A synthetic run
+   with a module per import span made the dict's list and set per module half of the old pass. */
+typedef struct {
+    PyObject *mod; /* borrowed: the nodes keep it */
+    Py_hash_t hash;
+    long long cum, own, count;
+} HotEntry;
+
+typedef struct {
+    HotEntry *entries;
+    uint64_t *bits; /* `words` per entry */
+    Py_ssize_t *table; /* entry index + 1; 0: empty */
+    Py_ssize_t used, cap_entries, mask, words;
+} HotTable;
+
+static int
+hot_grow_table(HotTable *h)
+{
+    Py_ssize_t size = (h->mask + 1) * 2;
+    Py_ssize_t *table = PyMem_Calloc((size_t)size, sizeof(Py_ssize_t));
+    if (table == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t e = 0; e < h->used; e++) {
+        Py_ssize_t slot = (Py_ssize_t)((size_t)h->entries[e].hash & (size_t)(size - 1));
+        while (table[slot] != 0) {
+            slot = (slot + 1) & (size - 1);
+        }
+        table[slot] = e + 1;
+    }
+    PyMem_Free(h->table);
+    h->table = table;
+    h->mask = size - 1;
+    return 0;
+}
+
+/* the entry of `mod` (added when new); -1 with an exception */
+static Py_ssize_t
+hot_entry(HotTable *h, PyObject *mod)
+{
+    Py_hash_t hash = PyObject_Hash(mod);
+    if (hash == -1) {
+        return -1;
+    }
+    Py_ssize_t slot = (Py_ssize_t)((size_t)hash & (size_t)h->mask);
+    for (;;) {
+        Py_ssize_t at = h->table[slot];
+        if (at == 0) {
+            break;
+        }
+        HotEntry *e = &h->entries[at - 1];
+        if (e->hash == hash) {
+            int eq = same_str(e->mod, mod);
+            if (eq < 0) {
+                return -1;
+            }
+            if (eq) {
+                return at - 1;
+            }
+        }
+        slot = (slot + 1) & h->mask;
+    }
+    if (h->used == h->cap_entries) {
+        Py_ssize_t cap = h->cap_entries * 2;
+        HotEntry *entries = PyMem_Realloc(h->entries, sizeof(HotEntry) * (size_t)cap);
+        if (entries == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        h->entries = entries;
+        uint64_t *bits = PyMem_Realloc(h->bits, sizeof(uint64_t) * (size_t)(cap * h->words));
+        if (bits == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        h->bits = bits;
+        h->cap_entries = cap;
+    }
+    Py_ssize_t e = h->used++;
+    h->entries[e] = (HotEntry){mod, hash, 0, 0, 0};
+    memset(&h->bits[e * h->words], 0, sizeof(uint64_t) * (size_t)h->words);
+    h->table[slot] = e + 1;
+    if (h->used * 2 > h->mask + 1 && hot_grow_table(h) < 0) {
+        return -1;
+    }
+    return e;
+}
+
+/* a plain int in int64 (bool is not), else 0 */
+static int
+plain_ll(PyObject *v, long long *out)
+{
+    if (!PyLong_CheckExact(v)) {
+        return 0;
+    }
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+    return !overflow && !(*out == -1 && PyErr_Occurred());
+}
+
+/* self_ns(n) in int64; 0: not plain (the caller falls back), -1: an error */
+static int
+hot_self_ns(const NodeSlots *t, PyObject *n, long long duration, long long *own)
+{
+    PyObject *self_us = SLOT(n, t->self_us), *children = SLOT(n, t->children);
+    if (self_us == NULL || children == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "hotspot_top: a span node is not built yet");
+        return -1;
+    }
+    if (self_us != Py_None) {
+        long long us;
+        if (plain_ll(self_us, &us)) {
+            return !__builtin_mul_overflow(us, 1000LL, own);
+        }
+        if (PyFloat_CheckExact(self_us)) {
+            double ns = PyFloat_AS_DOUBLE(self_us) * 1000.0; /* int(self_us * 1000): truncated */
+            if (!(ns > -9.2e18 && ns < 9.2e18)) {
+                return 0;
+            }
+            *own = (long long)ns;
+            return 1;
+        }
+        return 0;
+    }
+    if (!PyList_CheckExact(children)) {
+        return 0;
+    }
+    long long sum = 0;
+    for (Py_ssize_t c = 0; c < PyList_GET_SIZE(children); c++) {
+        PyObject *child = PyList_GET_ITEM(children, c);
+        PyObject *cd = Py_IS_TYPE(child, t->type) ? SLOT(child, t->duration) : NULL;
+        long long d;
+        if (cd == NULL || !plain_ll(cd, &d) || __builtin_add_overflow(sum, d, &sum)) {
+            return 0;
+        }
+    }
+    if (PyList_GET_SIZE(children) == 0) {
+        *own = duration;
+        return 1;
+    }
+    long long left;
+    if (__builtin_sub_overflow(duration, sum, &left)) {
+        return 0;
+    }
+    *own = left > 0 ? left : 0;
+    return 1;
+}
+
+/* the k-th largest (0-based) of v[0..n) (reorders v) */
+static long long
+kth_largest(long long *v, Py_ssize_t n, Py_ssize_t k)
+{
+    Py_ssize_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        long long pivot = v[lo + (hi - lo) / 2];
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] > pivot) {
+                i++;
+            }
+            while (v[j] < pivot) {
+                j--;
+            }
+            if (i <= j) {
+                long long tmp = v[i];
+                v[i] = v[j];
+                v[j] = tmp;
+                i++;
+                j--;
+            }
+        }
+        if (k <= j) {
+            hi = j;
+        } else if (k >= i) {
+            lo = i;
+        } else {
+            return v[k];
+        }
+    }
+    return v[k];
+}
+
+static PyObject *
+hotspot_top(PyObject *module, PyObject *args)
+{
+    PyObject *nodes, *node_type, *import_phase;
+    Py_ssize_t limit, lanes;
+    if (!PyArg_ParseTuple(args, "O!OUnn:hotspot_top", &PyList_Type, &nodes, &node_type, &import_phase, &limit,
+                          &lanes)) {
+        return NULL;
+    }
+    NodeSlots *t = node_slots(node_type);
+    if (t == NULL) {
+        return NULL;
+    }
+    HotTable h = {NULL, NULL, NULL, 0, 256, 511, lanes > 0 ? (lanes + 63) / 64 : 1};
+    PyObject *result = NULL;
+    long long *cums = NULL;
+    h.entries = PyMem_Malloc(sizeof(HotEntry) * (size_t)h.cap_entries);
+    h.bits = PyMem_Malloc(sizeof(uint64_t) * (size_t)(h.cap_entries * h.words));
+    h.table = PyMem_Calloc((size_t)(h.mask + 1), sizeof(Py_ssize_t));
+    if (h.entries == NULL || h.bits == NULL || h.table == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *n = PyList_GET_ITEM(nodes, i);
+        if (!Py_IS_TYPE(n, t->type)) {
+            PyErr_SetString(PyExc_TypeError, "hotspot_top: nodes must be of node_type");
+            goto done;
+        }
+        PyObject *phase = SLOT(n, t->phase), *mod = SLOT(n, t->module), *duration = SLOT(n, t->duration);
+        PyObject *lane = SLOT(n, t->lane), *name = SLOT(n, t->name);
+        if (phase == NULL || mod == NULL || duration == NULL || lane == NULL || name == NULL) {
+            PyErr_SetString(PyExc_AttributeError, "hotspot_top: a span node is not built yet");
+            goto done;
+        }
+        int is_import = same_str(phase, import_phase);
+        if (is_import < 0) {
+            goto done;
+        }
+        if (!is_import) {
+            continue;
+        }
+        int truth = PyObject_IsTrue(mod);
+        if (truth < 0) {
+            goto done;
+        }
+        long long d, own, lane_index;
+        if (!plain_ll(duration, &d) || !plain_ll(lane, &lane_index) || lane_index < 0 || lane_index >= lanes) {
+            goto fallback;
+        }
+        int plain = hot_self_ns(t, n, d, &own);
+        if (plain < 0) {
+            goto done;
+        }
+        if (!plain) {
+            goto fallback;
+        }
+        Py_ssize_t e = hot_entry(&h, truth ? mod : name);
+        if (e < 0) {
+            goto done;
+        }
+        HotEntry *entry = &h.entries[e];
+        if (__builtin_add_overflow(entry->cum, d, &entry->cum) || __builtin_add_overflow(entry->own, own, &entry->own)) {
+            goto fallback;
+        }
+        entry->count++;
+        h.bits[e * h.words + lane_index / 64] |= (uint64_t)1 << (lane_index % 64);
+    }
+    long long cut = LLONG_MIN;
+    if (limit <= 0) {
+        result = PyList_New(0);
+        goto done;
+    }
+    if (h.used > limit) {
+        cums = PyMem_Malloc(sizeof(long long) * (size_t)h.used);
+        if (cums == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t e = 0; e < h.used; e++) {
+            cums[e] = h.entries[e].cum;
+        }
+        cut = kth_largest(cums, h.used, limit - 1);
+    }
+    result = PyList_New(0);
+    if (result == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t e = 0; e < h.used; e++) {
+        HotEntry *entry = &h.entries[e];
+        if (entry->cum < cut) {
+            continue;
+        }
+        PyObject *set = PySet_New(NULL);
+        if (set == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        for (Py_ssize_t w = 0; w < h.words; w++) {
+            uint64_t word = h.bits[e * h.words + w];
+            while (word) {
+                int b = __builtin_ctzll(word);
+                word &= word - 1;
+                PyObject *index = PyLong_FromSsize_t(w * 64 + b);
+                if (index == NULL || PySet_Add(set, index) < 0) {
+                    Py_XDECREF(index);
+                    Py_DECREF(set);
+                    Py_CLEAR(result);
+                    goto done;
+                }
+                Py_DECREF(index);
+            }
+        }
+        PyObject *sums = Py_BuildValue("[LLNL]", entry->cum, entry->own, set, entry->count);
+        PyObject *item = sums == NULL ? NULL : Py_BuildValue("(ON)", entry->mod, sums);
+        if (item == NULL || PyList_Append(result, item) < 0) {
+            Py_XDECREF(item);
+            Py_CLEAR(result);
+            goto done;
+        }
+        Py_DECREF(item);
+    }
+    goto done;
+fallback:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_Free(h.entries);
+    PyMem_Free(h.bits);
+    PyMem_Free(h.table);
+    PyMem_Free(cums);
+    return result;
+}
+
+/* `analysis.lanes._order_lanes`'s two loops over every node. `lane_positions`: each node joins
+   its lane's spans (`n.lane` is the Lane then), `n.pos` its place there. `lane_indexes`, once the
+   lanes are ordered: `n.lane` becomes the lane's index, `n.idx` the node's place in the run. Each
+   lane's attribute is looked up once, in a dict by lane. */
+typedef struct {
+    PyObject **keys, **values; /* lanes (borrowed) -> their attribute (strong) */
+    Py_ssize_t mask, used;
+} LaneCache; /* Lane is a dataclass: not hashable, so by identity here */
+
+static void
+lane_cache_free(LaneCache *c)
+{
+    if (c->values != NULL) {
+        for (Py_ssize_t i = 0; i <= c->mask; i++) {
+            Py_XDECREF(c->values[i]);
+        }
+    }
+    PyMem_Free(c->keys);
+    PyMem_Free(c->values);
+}
+
+static int
+lane_cache_init(LaneCache *c, Py_ssize_t size)
+{
+    c->keys = PyMem_Calloc((size_t)size, sizeof(PyObject *));
+    c->values = PyMem_Calloc((size_t)size, sizeof(PyObject *));
+    c->mask = size - 1;
+    c->used = 0;
+    if (c->keys == NULL || c->values == NULL) {
+        lane_cache_free(c);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* lane.<attr>, looked up once per lane (borrowed; NULL with an exception) */
+static PyObject *
+lane_attr_cached(LaneCache *c, PyObject *lane, PyObject *attr)
+{
+    Py_ssize_t slot = (Py_ssize_t)(((size_t)lane >> 4) & (size_t)c->mask);
+    while (c->keys[slot] != NULL) {
+        if (c->keys[slot] == lane) {
+            return c->values[slot];
+        }
+        slot = (slot + 1) & c->mask;
+    }
+    PyObject *value = PyObject_GetAttr(lane, attr);
+    if (value == NULL) {
+        return NULL;
+    }
+    if ((c->used + 1) * 2 > c->mask + 1) { /* grow: rehash into twice the size */
+        LaneCache bigger;
+        if (lane_cache_init(&bigger, (c->mask + 1) * 2) < 0) {
+            Py_DECREF(value);
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i <= c->mask; i++) {
+            if (c->keys[i] != NULL) {
+                Py_ssize_t to = (Py_ssize_t)(((size_t)c->keys[i] >> 4) & (size_t)bigger.mask);
+                while (bigger.keys[to] != NULL) {
+                    to = (to + 1) & bigger.mask;
+                }
+                bigger.keys[to] = c->keys[i];
+                bigger.values[to] = c->values[i];
+                c->values[i] = NULL;
+            }
+        }
+        bigger.used = c->used;
+        lane_cache_free(c);
+        *c = bigger;
+        slot = (Py_ssize_t)(((size_t)lane >> 4) & (size_t)c->mask);
+        while (c->keys[slot] != NULL) {
+            slot = (slot + 1) & c->mask;
+        }
+    }
+    c->keys[slot] = lane;
+    c->values[slot] = value;
+    c->used++;
+    return value;
+}
+
+static PyObject *
+lane_positions(PyObject *module, PyObject *args)
+{
+    PyObject *nodes, *node_type;
+    if (!PyArg_ParseTuple(args, "O!O:lane_positions", &PyList_Type, &nodes, &node_type)) {
+        return NULL;
+    }
+    NodeSlots *t = node_slots(node_type);
+    LaneCache cache;
+    if (t == NULL || lane_cache_init(&cache, 64) < 0) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *n = PyList_GET_ITEM(nodes, i);
+        PyObject *lane = Py_IS_TYPE(n, t->type) ? SLOT(n, t->lane) : NULL;
+        if (lane == NULL) {
+            PyErr_SetString(PyExc_TypeError, "lane_positions: nodes must be span nodes with their lane");
+            goto fail;
+        }
+        PyObject *spans = lane_attr_cached(&cache, lane, str_spans);
+        if (spans == NULL) {
+            goto fail;
+        }
+        if (!PyList_Check(spans)) {
+            PyErr_SetString(PyExc_TypeError, "lane_positions: a lane's spans must be a list");
+            goto fail;
+        }
+        PyObject *pos = PyLong_FromSsize_t(PyList_GET_SIZE(spans));
+        if (pos == NULL) {
+            goto fail;
+        }
+        slot_set(n, t->pos, pos);
+        if (PyList_Append(spans, n) < 0) {
+            goto fail;
+        }
+    }
+    lane_cache_free(&cache);
+    Py_RETURN_NONE;
+fail:
+    lane_cache_free(&cache);
+    return NULL;
+}
+
+static PyObject *
+lane_indexes(PyObject *module, PyObject *args)
+{
+    PyObject *nodes, *node_type;
+    if (!PyArg_ParseTuple(args, "O!O:lane_indexes", &PyList_Type, &nodes, &node_type)) {
+        return NULL;
+    }
+    NodeSlots *t = node_slots(node_type);
+    LaneCache cache;
+    if (t == NULL || lane_cache_init(&cache, 64) < 0) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *n = PyList_GET_ITEM(nodes, i);
+        PyObject *lane = Py_IS_TYPE(n, t->type) ? SLOT(n, t->lane) : NULL;
+        if (lane == NULL) {
+            PyErr_SetString(PyExc_TypeError, "lane_indexes: nodes must be span nodes with their lane");
+            goto fail;
+        }
+        PyObject *index = lane_attr_cached(&cache, lane, str_index);
+        PyObject *idx = index == NULL ? NULL : PyLong_FromSsize_t(i);
+        if (idx == NULL) {
+            goto fail;
+        }
+        slot_set_borrowed(n, t->lane, index); /* drops the node's reference to the lane (`ordered` holds it) */
+        slot_set(n, t->idx, idx);
+    }
+    lane_cache_free(&cache);
+    Py_RETURN_NONE;
+fail:
+    lane_cache_free(&cache);
+    return NULL;
+}
+
 static PyMethodDef modelcore_methods[] = {
     {"peek_attrs", peek_attrs, METH_VARARGS,
      "peek_attrs(raw, patterns, missing, unknown): per pattern, the short string value after it, or missing or unknown."},
@@ -1748,6 +2267,10 @@ static PyMethodDef modelcore_methods[] = {
     {"link_tree", link_tree, METH_VARARGS, "link_tree(nodes, by_id, node_type): analysis.lanes._link_tree."},
     {"hotspot_sums", hotspot_sums, METH_VARARGS,
      "hotspot_sums(nodes, node_type, 'import'): analysis.lanes.import_hotspots's sums per module."},
+    {"lane_positions", lane_positions, METH_VARARGS, "lane_positions(nodes, node_type): _order_lanes's first loop."},
+    {"lane_indexes", lane_indexes, METH_VARARGS, "lane_indexes(nodes, node_type): _order_lanes's last loop."},
+    {"hotspot_top", hotspot_top, METH_VARARGS,
+     "hotspot_top(nodes, node_type, 'import', limit, lanes): import_hotspots's sums of its top modules, or None."},
     {"import_children", import_children_c, METH_VARARGS, "import_children(node, node_type): findings.common's."},
     {"subtree_modules", subtree_modules_c, METH_VARARGS, "subtree_modules(node, memo, node_type): findings.common's."},
     {"top_imports", top_imports_c, METH_VARARGS, "top_imports(spans, until, node_type): findings.common's."},
@@ -1789,6 +2312,8 @@ PyInit__modelcore(void)
     INTERN(str_startup, "startup");
     INTERN(str_import_prefix, "import ");
     INTERN(str_preload_prefix, "preload ");
+    INTERN(str_spans, "spans");
+    INTERN(str_index, "index");
     for (int k = 0; k < S_FIELDS; k++) {
         INTERN(span_fields[k], SPAN_FIELD_NAMES[k]);
     }

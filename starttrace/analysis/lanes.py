@@ -33,9 +33,11 @@ try:  # the per-span loops in C (starttrace/_modelcore.c, built at install where
 
     c_span_nodes, c_link_tree = _modelcore.span_nodes, _modelcore.link_tree
     c_set_durations, c_hotspot_sums = _modelcore.set_durations, _modelcore.hotspot_sums
-    c_phase_intervals = _modelcore.phase_intervals
+    c_phase_intervals, c_hotspot_top = _modelcore.phase_intervals, _modelcore.hotspot_top
+    c_lane_positions, c_lane_indexes = _modelcore.lane_positions, _modelcore.lane_indexes
 except ImportError:
-    c_span_nodes = c_link_tree = c_set_durations = c_hotspot_sums = c_phase_intervals = None
+    c_span_nodes = c_link_tree = c_set_durations = c_hotspot_sums = c_phase_intervals = c_hotspot_top = None
+    c_lane_positions = c_lane_indexes = None
 
 _START = operator.attrgetter("start")
 
@@ -225,10 +227,13 @@ def _link_tree(nodes: list[SpanNode], by_id: dict[str, SpanNode]) -> None:
 
 def _order_lanes(nodes: list[SpanNode], lanes_by_id: dict[str, Lane], t_first: int | None) -> list[Lane]:
     """Lanes by role, rank and start; nodes get their lane index, position in the lane and index."""
-    for n in nodes:
-        lane_spans = n.lane.spans  # type: ignore[attr-defined]
-        n.pos = len(lane_spans)
-        lane_spans.append(n)
+    if c_lane_positions is not None:
+        c_lane_positions(nodes, SpanNode)
+    else:
+        for n in nodes:
+            lane_spans = n.lane.spans  # type: ignore[attr-defined]
+            n.pos = len(lane_spans)
+            lane_spans.append(n)
     for lane in lanes_by_id.values():
         proc = select(lane.spans, ("process",), ("process",))
         lane.process_span = min(proc, key=lambda n: n.depth) if proc else None
@@ -256,6 +261,9 @@ def _order_lanes(nodes: list[SpanNode], lanes_by_id: dict[str, Lane], t_first: i
     )
     for i, lane in enumerate(ordered):
         lane.index = i
+    if c_lane_indexes is not None:
+        c_lane_indexes(nodes, SpanNode)
+        return ordered
     for i, n in enumerate(nodes):
         n.lane = n.lane.index  # type: ignore[attr-defined]
         n.idx = i
@@ -342,14 +350,18 @@ def _phase_intervals(work: list[SpanNode], low: int, high: int) -> tuple[dict[st
 
 
 def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str, Any]]:
-    acc = _hotspot_sums(model.spans)
-    # the top `limit` picked before any row is built: a run has thousands of distinct modules.
-    # Every module at least as long as the limit-th longest, ordered: the same first `limit` as
-    # ordering all of them (names are unique), with no key call per module.
-    top = list(acc.items())
-    if len(top) > limit > 0:
-        cut = heapq.nlargest(limit, [a[0] for a in acc.values()])[-1]
-        top = [item for item in top if item[1][0] >= cut]
+    # C sums in C integers and makes rows only for the modules it keeps (None: a value it does
+    # not take; the sums below then do it)
+    top = None if c_hotspot_top is None else c_hotspot_top(model.spans, SpanNode, "import", limit, len(model.lanes))
+    if top is None:
+        acc = _hotspot_sums(model.spans)
+        # the top `limit` picked before any row is built: a run has thousands of distinct modules.
+        # Every module at least as long as the limit-th longest, ordered: the same first `limit` as
+        # ordering all of them (names are unique), with no key call per module.
+        top = list(acc.items())
+        if len(top) > limit > 0:
+            cut = heapq.nlargest(limit, [a[0] for a in acc.values()])[-1]
+            top = [item for item in top if item[1][0] >= cut]
     top.sort(key=_hotspot_order)
     top = top[:limit] if limit > 0 else []
     slots = [rank_slot(lane) for lane in model.lanes]

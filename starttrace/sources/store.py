@@ -187,10 +187,13 @@ UPGRADE_BATCH_SPANS = 4096
 
 _RUN_LANES = "SELECT id FROM lanes WHERE run_id = ?"
 _RUN_LANE_IDS = "SELECT id, lane_id FROM lanes WHERE run_id = ?"
+# in the lane index's order, sorted by seq in Python: an ORDER BY here copied every blob into a
+# temporary B-tree (four copies of the run's bytes, a quarter of `load_rows`)
 _RUN_BATCHES = (
-    "SELECT lane, trace, body FROM span_batches WHERE lane IN (SELECT id FROM lanes WHERE run_id = ?) ORDER BY seq"
+    "SELECT seq, lane, trace, spans, body FROM span_batches WHERE lane IN (SELECT id FROM lanes WHERE run_id = ?)"
 )
 _LAUNCHED_BY_B = b"starttrace.launched_by"
+_SEQ = operator.itemgetter(0)
 _BATCH_INSERT = "INSERT INTO span_batches(lane, trace, spans, body) VALUES (?, ?, ?, ?)"
 
 
@@ -828,6 +831,7 @@ class Store:
             procs = [dict(zip(names, r, strict=True)) for r in rows]
             lane_names = dict(conn.execute(_RUN_LANE_IDS, (run_id,)).fetchall())
             batches = conn.execute(_RUN_BATCHES, (run_id,)).fetchall()
+            batches.sort(key=_SEQ)  # arrival order (one row per batch: a few hundred)
             problems = [str(r[0]) for r in conn.execute("SELECT message FROM problems WHERE run_id = ?", (run_id,))]
         finally:
             conn.execute("COMMIT")
@@ -938,26 +942,29 @@ class Store:
 def _lane_spans(
     batches: list[tuple[Any, ...]], lane_names: dict[int, str]
 ) -> tuple[dict[str, list[SpanTuple]], int, set[str] | None]:
-    """The run's batches (lanes.id, traces.id, body; in arrival order) as each lane's spans, every
-    span once: a later copy of a span is merged into the first one, where it stands
-    (`_merge_copy`). Returns the lanes, how many batches could not be read, and the lanes with a
-    batch that holds the bytes of `starttrace.launched_by` (a blob keeps each span's attribute
+    """The run's batches (seq, lanes.id, traces.id, new spans, body; in arrival order) as each
+    lane's spans, every span once: a later copy of a span is merged into the first one, where it
+    stands (`_merge_copy`). Returns the lanes, how many batches could not be read, and the lanes with
+    a batch that holds the bytes of `starttrace.launched_by` (a blob keeps each span's attribute
     bytes or text as they are: one search per blob, not one per span; None: any lane may, when
-    such a batch's copy of a span was merged into another lane's)."""
+    such a batch's copy of a span was merged into another lane's).
+
+    A batch whose every span the writer counted as new to its trace (`span_batches.spans`, the
+    count a run's span total is summed from) repeats no span before it. Such batches are only
+    appended; the map of each span id's first copy is built for a trace when one of its batches
+    repeats a span, from the batches before it (most runs: never)."""
     lanes: dict[str, list[SpanTuple]] = {}
     linked: set[str] = set()
     any_linked = False
+    unmapped: dict[int, list[tuple[list[SpanTuple], int, int]]] = {}  # trace -> (lane, first index, n) not in seen
     seen: dict[int, dict[str, tuple[list[SpanTuple], int]]] = {}  # trace -> span id -> (lane, index)
     unreadable = 0
-    for lane_ref, trace_ref, body in batches:
+    for _seq, lane_ref, trace_ref, new_spans, body in batches:
         try:
             spans = unpack_spans(body)
         except ValueError:
             unreadable += 1
             continue
-        keys = seen.get(trace_ref)
-        if keys is None:
-            keys = seen[trace_ref] = {}
         lane_id = lane_names.get(lane_ref, f"lane:{lane_ref}")
         out = lanes.get(lane_id)
         if out is None:
@@ -965,6 +972,13 @@ def _lane_spans(
         marked = _LAUNCHED_BY_B in body
         if marked:
             linked.add(lane_id)
+        keys = seen.get(trace_ref)
+        if new_spans == len(spans) and keys is None:  # all new: appended, mapped only if a copy comes
+            unmapped.setdefault(trace_ref, []).append((out, len(out), len(spans)))
+            out.extend(spans)
+            continue
+        if keys is None:
+            keys = seen[trace_ref] = _first_copies(unmapped.pop(trace_ref, ()))
         firsts = dict.fromkeys([s[1] for s in spans])
         if len(firsts) == len(spans) and keys.keys().isdisjoint(firsts):  # all new: no Python loop per span
             at, n = len(out), len(spans)
@@ -984,6 +998,17 @@ def _lane_spans(
                     if marked and chunk is not out:
                         any_linked = True  # a copy from another lane's batch: every lane is searched
     return lanes, unreadable, None if any_linked else linked
+
+
+def _first_copies(
+    chunks: Iterable[tuple[list[SpanTuple], int, int]],
+) -> dict[str, tuple[list[SpanTuple], int]]:
+    """Span id -> (lane, index) of the spans of these appended batches (lane, first index, count)."""
+    keys: dict[str, tuple[list[SpanTuple], int]] = {}
+    for out, at, n in chunks:
+        ids = [s[1] for s in out[at : at + n]]
+        keys.update(zip(ids, zip(itertools.repeat(out, n), range(at, at + n), strict=True), strict=True))
+    return keys
 
 
 def run_from_rows(rows: RunRows) -> Run:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import marshal
 import math
+import random
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -81,6 +83,71 @@ def test_unreadable_batch_is_reported_and_the_rest_kept(tmp_path: Path) -> None:
     run = st.load_run("r")
     assert run is not None and any("could not be read" in p for p in run.problems)
     st.ingest_now(_batch([_span(9, 5000)]))  # the writer goes on
+    st.close()
+
+
+def _reference_lanes(rows: list[tuple[Any, ...]], lane_names: dict[int, str]) -> dict[str, list[SpanTuple]]:
+    """The reader's rule with the first-copy map kept for every span (what `_lane_spans` did before
+    it trusted the writer's new-span counts): each span once, at its first place, merged."""
+    from starttrace.sources.batches import unpack_spans
+
+    lanes: dict[str, list[SpanTuple]] = {}
+    seen: dict[int, dict[str, tuple[list[SpanTuple], int]]] = {}
+    for _seq, lane_ref, trace_ref, _new, body in sorted(rows):
+        out = lanes.setdefault(lane_names[lane_ref], [])
+        keys = seen.setdefault(trace_ref, {})
+        for sp in unpack_spans(body):
+            first = keys.get(sp[1])
+            if first is None:
+                keys[sp[1]] = (out, len(out))
+                out.append(sp)
+            else:
+                merged = store_module._merge_copy(first[0][first[1]], sp)
+                if merged is not None:
+                    first[0][first[1]] = merged
+    return lanes
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lanes_read_as_with_a_map_of_every_span(tmp_path: Path, seed: int) -> None:
+    """Batches of three lanes and two traces, some repeating spans of other lanes' batches (in
+    progress, then ended, or ended twice with other attributes), in random order and sizes: the
+    lanes read back are the ones the always-mapped rule gives, although most batches (all new to
+    their trace) are only appended."""
+    rng = random.Random(seed)
+    db = tmp_path / "s.db"
+    st = Store(db)
+    traces = ["ab" * 16, "cd" * 16]
+    sent: list[tuple[str, SpanTuple]] = []
+    for _ in range(40):
+        lane = rng.choice(["l0", "l1", "l2"])
+        trace = rng.choice(traces)
+        spans = []
+        for _ in range(rng.randint(1, 30)):
+            if sent and rng.random() < 0.15:  # a copy of an earlier span, from any lane
+                _, old = rng.choice(sent)
+                if old[0] != trace:
+                    continue
+                spans.append((*old[:5], old[5] + rng.randint(0, 2), 0, 0, json.dumps({"v": rng.random()}), None, None))
+            else:
+                i = rng.getrandbits(48)
+                is_open = rng.random() < 0.2
+                attrs = json.dumps({"n": i})
+                span = (trace, f"{i:016x}", None, f"s{i}", 1000, 2000, int(is_open), 0, attrs, None, None)
+                spans.append(span)
+                sent.append((lane, span))
+        res = {"starttrace.run_id": "r", "service.instance.id": lane}
+        st.ingest_now(IngestBatch(processes=[ProcessBatch(source="otlp", resource=res, spans=spans)]))
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT seq, lane, trace, spans, body FROM span_batches").fetchall()
+        names = dict(conn.execute("SELECT id, lane_id FROM lanes").fetchall())
+    assert any(n < len(marshal.loads(body)) for *_, n, body in rows)  # some batches repeat spans
+    assert any(n == len(marshal.loads(body)) for *_, n, body in rows[1:])
+    got = st.load_rows("r")
+    assert got is not None
+    want = _reference_lanes(rows, names)
+    assert got.lanes == want
+    assert sum(map(len, want.values())) == st.count_spans("r")
     st.close()
 
 

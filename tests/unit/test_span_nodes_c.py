@@ -1,5 +1,5 @@
 """The model build's per-span loops in C (`_modelcore.span_nodes`, `link_tree`, `set_durations`,
-`hotspot_sums`) build exactly what the Python code does (`analysis.lanes._span_nodes`,
+`hotspot_sums`, `hotspot_top`) build exactly what the Python code does (`analysis.lanes._span_nodes`,
 `_link_tree`, `_set_durations`, `_hotspot_sums`): every field of every node, the same values of
 the same types, the same import hotspots, and the same views."""
 
@@ -41,6 +41,9 @@ def _build(make: Callable[[], Run], c: bool, monkeypatch: pytest.MonkeyPatch, ra
             m.setattr(lanes, "c_span_nodes", None)
             m.setattr(lanes, "c_link_tree", None)
             m.setattr(lanes, "c_hotspot_sums", None)
+            m.setattr(lanes, "c_hotspot_top", None)
+            m.setattr(lanes, "c_lane_positions", None)
+            m.setattr(lanes, "c_lane_indexes", None)
             m.setattr(lanes, "c_set_durations", None)
             m.setattr(lanes, "c_phase_intervals", None)
             for name in C_WALKS:
@@ -93,6 +96,7 @@ def _stored(run: Any, tmp_path: Path) -> Callable[[], Run]:
         {"ranks": 3, "imports_per_rank": 200, "seed": 5, "in_progress_rank": 1, "ready": False},
         {"ranks": 3, "imports_per_rank": 100, "seed": 3, "cuda_in_forkserver": True},
         {"ranks": 3, "imports_per_rank": 100, "seed": 7, "start_method": "spawn"},
+        {"ranks": 40, "imports_per_rank": 12, "seed": 2},  # more lanes than the C lane cache starts with
     ],
 )
 def test_stored_runs_build_the_same_nodes(
@@ -251,3 +255,59 @@ def test_step_candidates_match(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
             in_python = critical_path._candidates(model.lanes)
         assert [[n.id for n in lane] for lane in in_c[0]] == [[n.id for n in lane] for lane in in_python[0]]
         assert in_c[1] == in_python[1] and sum(map(len, in_c[1])) > 5
+
+
+def _python_top(nodes: list[SpanNode], limit: int) -> list[tuple[Any, ...]]:
+    """What `import_hotspots` keeps of the Python sums (every module at least as long as the
+    limit-th longest), as sorted tuples."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(lanes, "c_hotspot_sums", None)
+        acc = lanes._hotspot_sums(nodes)
+    cums = sorted((a[0] for a in acc.values()), reverse=True)
+    cut = cums[limit - 1] if 0 < limit < len(cums) else min(cums, default=0)
+    if limit <= 0:
+        return []
+    return sorted((mod, a[0], a[1], frozenset(a[2]), a[3]) for mod, a in acc.items() if a[0] >= cut)
+
+
+def _c_top(nodes: list[SpanNode], limit: int, lane_count: int) -> list[tuple[Any, ...]] | None:
+    top = lanes.c_hotspot_top(nodes, SpanNode, "import", limit, lane_count)
+    return None if top is None else sorted((mod, a[0], a[1], frozenset(a[2]), a[3]) for mod, a in top)
+
+
+def test_hotspot_top_matches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_modelcore.hotspot_top` (sums in C integers, the cut at the limit-th longest module) keeps
+    what the Python sums and cut keep: at every limit, with ties at the cut, float and int self
+    times, lanes past 64; it hands back None (the Python sums then run) where a value is not a
+    plain int64 or a lane is not an index of the run."""
+    if lanes.c_hotspot_top is None:
+        pytest.skip("starttrace._modelcore is not built here")
+    model = build_model(_stored(make_run(run_id="r", ranks=4, imports_per_rank=300, seed=11), tmp_path)(), now_ns=NOW)
+    imports = [n for n in model.spans if n.phase == "import"]
+    for i, n in enumerate(imports):
+        n.duration = n.duration // 50_000_000 * 50_000_000  # many modules tie at the cut
+        n.lane = (i * 37) % 130  # lanes past one 64-bit word
+        if i % 7 == 0:
+            n.self_us = 1.5 + i
+        elif i % 11 == 0:
+            n.self_us = i
+    cums = sorted({n.duration for n in imports})
+    assert len(cums) < len(imports) // 4  # ties
+    for limit in (0, 1, 2, 3, 17, 100, 299, 10_000):
+        assert _c_top(model.spans, limit, 130) == _python_top(model.spans, limit), limit
+    assert _c_top(model.spans, 5, 130) and len(_c_top(model.spans, 5, 130) or []) >= 5
+    assert _c_top(model.spans, 5, 129) is None  # a lane index past the lanes
+    imports[3].duration = 1 << 70
+    assert _c_top(model.spans, 5, 130) is None
+    imports[3].duration = 5
+    imports[4].self_us = "x"  # type: ignore[assignment]
+    assert _c_top(model.spans, 5, 130) is None
+    imports[4].self_us = float("nan")
+    assert _c_top(model.spans, 5, 130) is None
+    imports[4].self_us = None
+    # import_hotspots itself: the same rows with and without the C cut
+    for n in model.spans:
+        n.lane = n.lane % len(model.lanes)
+    in_c = lanes.import_hotspots(model, 20)
+    monkeypatch.setattr(lanes, "c_hotspot_top", None)
+    assert lanes.import_hotspots(model, 20) == in_c and len(in_c) == 20
