@@ -372,17 +372,26 @@ hot_of(NodeBuild *nb, PyObject *attrs, PyObject **out)
                 known &= v[k] != nb->unknown;
             }
             if (known) {
-                PyObject *fresh = PyDict_New();
+                /* the empty dict the LazyAttrs holds, filled where it is when nothing else holds it
+                   (one dict per span less to make and free) */
+                int in_place = Py_REFCNT(peeked) == 1;
+                PyObject *fresh = in_place ? peeked : PyDict_New();
                 if (fresh == NULL) {
                     goto fail;
                 }
                 for (int k = 0; k < 3; k++) {
                     if (PyDict_SetItem(fresh, PyTuple_GET_ITEM(nb->keys, k), v[k]) < 0) {
-                        Py_DECREF(fresh);
+                        if (in_place) {
+                            PyDict_Clear(fresh);
+                        } else {
+                            Py_DECREF(fresh);
+                        }
                         goto fail;
                     }
                 }
-                slot_set(attrs, nb->lazy_peeked, fresh);
+                if (!in_place) {
+                    slot_set(attrs, nb->lazy_peeked, fresh);
+                }
                 for (int k = 0; k < 3; k++) {
                     if (v[k] == nb->missing) {
                         Py_DECREF(v[k]);
@@ -588,7 +597,15 @@ span_nodes(PyObject *module, PyObject *args)
     if (node_build_init(&nb, node_type, span_type, lazy_type) < 0) {
         return NULL;
     }
-    PyObject *nodes = PyList_New(0), *by_id = PyDict_New();
+    Py_ssize_t total = 0;
+    for (Py_ssize_t g = 0; g < PyList_GET_SIZE(groups); g++) {
+        PyObject *group = PyList_GET_ITEM(groups, g);
+        if (PyTuple_Check(group) && PyTuple_GET_SIZE(group) == 2 && PyList_Check(PyTuple_GET_ITEM(group, 1))) {
+            total += PyList_GET_SIZE(PyTuple_GET_ITEM(group, 1));
+        }
+    }
+    /* sized once: growing a dict of 100k+ entries step by step re-inserted them all ~twice */
+    PyObject *nodes = PyList_New(0), *by_id = _PyDict_NewPresized(total);
     if (nodes == NULL || by_id == NULL) {
         goto fail;
     }
@@ -2258,6 +2275,88 @@ fail:
     return NULL;
 }
 
+/* `analysis.lanes._last_time`: the latest end of the nodes, a node without an end counting by
+   its start; 0 for none. None when a time is not an int in [0, 2**63). */
+static PyObject *
+last_time(PyObject *module, PyObject *args)
+{
+    PyObject *nodes, *node_type;
+    if (!PyArg_ParseTuple(args, "O!O:last_time", &PyList_Type, &nodes, &node_type)) {
+        return NULL;
+    }
+    NodeSlots *t = node_slots(node_type);
+    if (t == NULL) {
+        return NULL;
+    }
+    long long last = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *n = PyList_GET_ITEM(nodes, i);
+        PyObject *end = Py_IS_TYPE(n, t->type) ? SLOT(n, t->end) : NULL;
+        PyObject *start = Py_IS_TYPE(n, t->type) ? SLOT(n, t->start) : NULL;
+        if (end == NULL || start == NULL) {
+            PyErr_SetString(PyExc_TypeError, "last_time: nodes must be span nodes with start and end");
+            return NULL;
+        }
+        long long v;
+        if (!as_time(end == Py_None ? start : end, &v)) {
+            Py_RETURN_NONE;
+        }
+        if (v > last || i == 0) {
+            last = v;
+        }
+    }
+    return PyLong_FromLongLong(last);
+}
+
+/* analysis.model.split_imports: a lane's spans split into those a first answer always sends (not
+   an import, or still in progress) and the imports at least `min_ns` long; in their order. */
+static PyObject *
+split_imports(PyObject *module, PyObject *args)
+{
+    PyObject *spans, *node_type, *min_ns, *import_phase;
+    if (!PyArg_ParseTuple(args, "O!OOU:split_imports", &PyList_Type, &spans, &node_type, &min_ns, &import_phase)) {
+        return NULL;
+    }
+    NodeSlots *t = node_slots(node_type);
+    if (t == NULL) {
+        return NULL;
+    }
+    PyObject *always = PyList_New(0), *longer = PyList_New(0), *result = NULL;
+    if (always == NULL || longer == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(spans); i++) {
+        PyObject *n = PyList_GET_ITEM(spans, i);
+        PyObject *phase = Py_IS_TYPE(n, t->type) ? SLOT(n, t->phase) : NULL;
+        PyObject *open = phase == NULL ? NULL : SLOT(n, t->in_progress);
+        PyObject *duration = open == NULL ? NULL : SLOT(n, t->duration);
+        if (duration == NULL) {
+            PyErr_SetString(PyExc_TypeError, "split_imports: spans must be built span nodes");
+            goto done;
+        }
+        int is_import = same_str(phase, import_phase);
+        int is_open = is_import <= 0 ? 0 : PyObject_IsTrue(open);
+        if (is_import < 0 || is_open < 0) {
+            goto done;
+        }
+        if (!is_import || is_open) {
+            if (PyList_Append(always, n) < 0) {
+                goto done;
+            }
+            continue;
+        }
+        int long_enough = PyObject_RichCompareBool(duration, min_ns, Py_GE);
+        if (long_enough < 0 || (long_enough && PyList_Append(longer, n) < 0)) {
+            goto done;
+        }
+    }
+    result = PyTuple_Pack(2, always, longer);
+done:
+    Py_XDECREF(always);
+    Py_XDECREF(longer);
+    return result;
+}
+
 static PyMethodDef modelcore_methods[] = {
     {"peek_attrs", peek_attrs, METH_VARARGS,
      "peek_attrs(raw, patterns, missing, unknown): per pattern, the short string value after it, or missing or unknown."},
@@ -2267,6 +2366,8 @@ static PyMethodDef modelcore_methods[] = {
     {"link_tree", link_tree, METH_VARARGS, "link_tree(nodes, by_id, node_type): analysis.lanes._link_tree."},
     {"hotspot_sums", hotspot_sums, METH_VARARGS,
      "hotspot_sums(nodes, node_type, 'import'): analysis.lanes.import_hotspots's sums per module."},
+    {"split_imports", split_imports, METH_VARARGS, "split_imports(spans, node_type, min_ns, 'import'): model's."},
+    {"last_time", last_time, METH_VARARGS, "last_time(nodes, node_type): analysis.lanes._last_time, or None."},
     {"lane_positions", lane_positions, METH_VARARGS, "lane_positions(nodes, node_type): _order_lanes's first loop."},
     {"lane_indexes", lane_indexes, METH_VARARGS, "lane_indexes(nodes, node_type): _order_lanes's last loop."},
     {"hotspot_top", hotspot_top, METH_VARARGS,

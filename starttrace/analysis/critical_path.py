@@ -139,6 +139,9 @@ def _starters(lanes: list[Lane]) -> dict[int, SpanNode]:
     return starter
 
 
+_EFF_END = operator.attrgetter("eff_end")
+
+
 def _target(model: RunModel) -> tuple[int, int]:
     """Where the path ends: the run's `ready`, else the span that ended last."""
     if model.ready_ns is not None:
@@ -148,7 +151,7 @@ def _target(model: RunModel) -> tuple[int, int]:
             default=None,
         )
         return (ready.lane if ready is not None else 0), model.ready_ns
-    last = max(model.spans, key=lambda n: n.eff_end)
+    last = max(model.spans, key=_EFF_END)
     return last.lane, last.eff_end
 
 

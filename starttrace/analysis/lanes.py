@@ -35,9 +35,10 @@ try:  # the per-span loops in C (starttrace/_modelcore.c, built at install where
     c_set_durations, c_hotspot_sums = _modelcore.set_durations, _modelcore.hotspot_sums
     c_phase_intervals, c_hotspot_top = _modelcore.phase_intervals, _modelcore.hotspot_top
     c_lane_positions, c_lane_indexes = _modelcore.lane_positions, _modelcore.lane_indexes
+    c_last_time = _modelcore.last_time
 except ImportError:
     c_span_nodes = c_link_tree = c_set_durations = c_hotspot_sums = c_phase_intervals = c_hotspot_top = None
-    c_lane_positions = c_lane_indexes = None
+    c_lane_positions = c_lane_indexes = c_last_time = None
 
 _START = operator.attrgetter("start")
 
@@ -63,7 +64,7 @@ def _build(run: Run, now_ns: int | None, stall_s: float | None = None) -> RunMod
     roots = [n for n in select(nodes, ("startup",)) if n.parent not in by_id]
     status = _status(ready_ns, roots, list(lanes_by_id.values()))
     t_first = nodes[0].start if nodes else None
-    t_last = max([n.start if n.end is None else n.end for n in nodes], default=0)
+    t_last = _last_time(nodes)
     t_eff = max(now, t_last) if status == "running" else t_last
     _set_durations(nodes, t_eff)
     _link_tree(nodes, by_id)
@@ -103,6 +104,15 @@ def _build(run: Run, now_ns: int | None, stall_s: float | None = None) -> RunMod
     model.findings = find_all(model, stall_s)
     model.preload_advice = preload_advice_rows(model.findings)
     return model
+
+
+def _last_time(nodes: list[SpanNode]) -> int:
+    """The latest end of the nodes (a start where a node has none yet); 0 for none."""
+    if c_last_time is not None:
+        last = c_last_time(nodes, SpanNode)
+        if last is not None:  # None: a time beyond 64 bits, done here on Python ints
+            return last  # type: ignore[no-any-return]
+    return max([n.start if n.end is None else n.end for n in nodes], default=0)
 
 
 def _set_durations(nodes: list[SpanNode], t_eff: int) -> None:

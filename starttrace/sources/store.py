@@ -1042,12 +1042,16 @@ def run_from_rows(rows: RunRows) -> Run:
             if linked and raw and (marker in raw if isinstance(raw, bytes) else text_marker in raw):
                 _launched_by_link(span)
             append(span)
-    ids = {s.span_id for spans in by_lane.values() for s in spans}
+    # roots: `startup` spans whose parent is not a span of the run; the run's span ids are looked
+    # at only for the parents those spans name (a set of every id cost more than the rest of this)
+    startups = {lane: got for lane, spans in by_lane.items() if (got := [s for s in spans if s.name == "startup"])}
+    parents = {s.parent_id for got in startups.values() for s in got if s.parent_id is not None}
+    present = {sid for spans in by_lane.values() for s in spans if (sid := s.span_id) in parents} if parents else set()
     processes: list[Process] = []
     root_spans: list[Span] = []
     for p in rows.processes:
         spans = by_lane.pop(p["lane_id"], [])
-        roots = [s for s in spans if s.name == "startup" and s.parent_id not in ids]
+        roots = [s for s in startups.pop(p["lane_id"], ()) if s.parent_id not in present]
         if roots:
             root_spans.extend(roots)
             spans = [s for s in spans if s not in roots]

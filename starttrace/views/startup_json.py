@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from starttrace.analysis.model import Lane, RunModel, SpanNode
+from starttrace.analysis.model import Lane, RunModel, SpanNode, split_imports
 from starttrace.views.json import SPAN_FIELDS, _span_row, to_json
 
 PAGE_FIELDS = [*SPAN_FIELDS, "pos"]
@@ -74,12 +74,8 @@ def _longest(lanes: list[Lane], rows: int, min_ns: int) -> tuple[dict[int, list[
     chosen: dict[int, list[SpanNode]] = {}
     candidates: list[SpanNode] = []
     for lane in lanes:
-        always = chosen[lane.index] = []
-        for n in lane.spans:
-            if n.phase != "import" or n.in_progress:  # _always
-                always.append(n)
-            elif n.duration >= min_ns:
-                candidates.append(n)
+        chosen[lane.index], longer = split_imports(lane.spans, min_ns)  # _always, and the candidates
+        candidates += longer
     room = max(0, rows - sum(len(v) for v in chosen.values()))
     left_out: SpanNode | None = None
     if len(candidates) > room:

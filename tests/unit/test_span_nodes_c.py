@@ -44,6 +44,7 @@ def _build(make: Callable[[], Run], c: bool, monkeypatch: pytest.MonkeyPatch, ra
             m.setattr(lanes, "c_hotspot_top", None)
             m.setattr(lanes, "c_lane_positions", None)
             m.setattr(lanes, "c_lane_indexes", None)
+            m.setattr(lanes, "c_last_time", None)
             m.setattr(lanes, "c_set_durations", None)
             m.setattr(lanes, "c_phase_intervals", None)
             for name in C_WALKS:
@@ -311,3 +312,24 @@ def test_hotspot_top_matches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     in_c = lanes.import_hotspots(model, 20)
     monkeypatch.setattr(lanes, "c_hotspot_top", None)
     assert lanes.import_hotspots(model, 20) == in_c and len(in_c) == 20
+
+
+def test_split_imports_matches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`analysis.model.split_imports` (what a first answer always sends, and the imports long enough
+    to be candidates) in C and in Python, per lane of a run with open, instant and huge spans."""
+    if model_module.c_split_imports is None:
+        pytest.skip("starttrace._modelcore is not built here")
+    model = build_model(_odd_run(), now_ns=NOW)
+
+    def splits() -> list[Any]:
+        out = []
+        for lane in model.lanes:
+            for min_ns in (0, 1, 2, 10, 1 << 70):
+                always, longer = model_module.split_imports(lane.spans, min_ns)
+                out.append(([n.id for n in always], [n.id for n in longer]))
+        return out
+
+    in_c = splits()
+    monkeypatch.setattr(model_module, "c_split_imports", None)
+    assert splits() == in_c
+    assert any(a and b for a, b in in_c) and any(not b for _, b in in_c)
