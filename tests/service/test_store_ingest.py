@@ -376,3 +376,27 @@ def test_launched_by_in_a_copy_from_another_lane(tmp_path: Path, rows_to_spans: 
         (f"{1:016x}", 3000, ["00000000000000aa"])
     ]
     st.close()
+
+
+def test_run_roots_are_startup_spans_whose_parent_is_not_in_the_run(tmp_path: Path) -> None:
+    """A `startup` span is a root of the run when it has no parent, or a parent outside the run
+    (a TRACEPARENT from a launcher); one under a span of the run stays in its lane."""
+    st = Store(tmp_path / "s.db")
+
+    def span(sid: str, parent: str | None, name: str) -> SpanTuple:
+        return ("ab" * 16, sid, parent, name, 1000, 2000, 0, 0, "{}", None, None)
+
+    lanes = {
+        "a": [span("a" * 16, None, "startup"), span("a1" * 8, "a" * 16, "work")],
+        "b": [span("b" * 16, "f" * 16, "startup"), span("b1" * 8, "b" * 16, "work")],  # parent outside
+        "c": [span("c" * 16, "a1" * 8, "startup"), span("c1" * 8, "c" * 16, "work")],  # parent in lane a
+    }
+    for lane, spans in lanes.items():
+        res = {"starttrace.run_id": "r", "service.instance.id": lane}
+        st.ingest_now(IngestBatch(processes=[ProcessBatch(source="otlp", resource=res, spans=spans)]))
+    run = st.load_run("r")
+    assert run is not None
+    assert sorted(s.span_id for s in run.root_spans) == ["a" * 16, "b" * 16]
+    by_lane = {p.instance_id: [s.span_id for s in p.spans] for p in run.processes}
+    assert by_lane["c"] == ["c" * 16, "c1" * 8] and by_lane["a"] == ["a1" * 8] and by_lane["b"] == ["b1" * 8]
+    st.close()
