@@ -372,26 +372,8 @@ hot_of(NodeBuild *nb, PyObject *attrs, PyObject **out)
                 known &= v[k] != nb->unknown;
             }
             if (known) {
-                /* the empty dict the LazyAttrs holds, filled where it is when nothing else holds it
-                   (one dict per span less to make and free) */
-                int in_place = Py_REFCNT(peeked) == 1;
-                PyObject *fresh = in_place ? peeked : PyDict_New();
-                if (fresh == NULL) {
-                    goto fail;
-                }
-                for (int k = 0; k < 3; k++) {
-                    if (PyDict_SetItem(fresh, PyTuple_GET_ITEM(nb->keys, k), v[k]) < 0) {
-                        if (in_place) {
-                            PyDict_Clear(fresh);
-                        } else {
-                            Py_DECREF(fresh);
-                        }
-                        goto fail;
-                    }
-                }
-                if (!in_place) {
-                    slot_set(attrs, nb->lazy_peeked, fresh);
-                }
+                /* the values are the node's (phase, module, self time): not kept on the LazyAttrs
+                   too (a dict per span); a later `get` of one reads it in place again */
                 for (int k = 0; k < 3; k++) {
                     if (v[k] == nb->missing) {
                         Py_DECREF(v[k]);
@@ -406,11 +388,6 @@ hot_of(NodeBuild *nb, PyObject *attrs, PyObject **out)
                 Py_DECREF(v[k]);
             }
             goto python;
-        fail:
-            for (int k = 0; k < 3; k++) {
-                Py_DECREF(v[k]);
-            }
-            return -1;
         }
     }
 python: {
@@ -1708,6 +1685,13 @@ spans_from_rows(PyObject *module, PyObject *args)
     if (o_raw < 0 || o_decode < 0 || o_peeked < 0) {
         return NULL;
     }
+    /* LazyAttrs' one shared empty `_peeked` (sources.lazy_attrs), else a dict per span */
+    PyObject *nothing_peeked = PyObject_GetAttrString((PyObject *)ltype, "_nothing_peeked");
+    if (nothing_peeked == NULL) {
+        PyErr_Clear();
+    } else if (!PyDict_CheckExact(nothing_peeked)) {
+        Py_CLEAR(nothing_peeked);
+    }
     const char *mark = PyBytes_AS_STRING(marker);
     Py_ssize_t mark_len = PyBytes_GET_SIZE(marker);
     PyObject *spans = PyList_New(PyList_GET_SIZE(rows)), *marked = PyList_New(0), *no_args = PyTuple_New(0);
@@ -1725,7 +1709,7 @@ spans_from_rows(PyObject *module, PyObject *args)
         int is_bytes = PyBytes_CheckExact(raw) && PyBytes_GET_SIZE(raw) > 0;
         if (is_bytes) {
             attrs = ltype->tp_new(ltype, no_args, NULL);
-            PyObject *peeked = attrs == NULL ? NULL : PyDict_New();
+            PyObject *peeked = attrs == NULL ? NULL : nothing_peeked != NULL ? Py_NewRef(nothing_peeked) : PyDict_New();
             if (peeked == NULL) {
                 Py_XDECREF(attrs);
                 goto fail;
@@ -1781,6 +1765,7 @@ spans_from_rows(PyObject *module, PyObject *args)
         }
     }
     Py_DECREF(no_args);
+    Py_XDECREF(nothing_peeked);
     PyObject *out = PyTuple_Pack(2, spans, marked);
     Py_DECREF(spans);
     Py_DECREF(marked);
@@ -1789,6 +1774,7 @@ fail:
     Py_XDECREF(spans); /* its empty items are NULL: list_dealloc skips them */
     Py_XDECREF(marked);
     Py_XDECREF(no_args);
+    Py_XDECREF(nothing_peeked);
     return NULL;
 }
 

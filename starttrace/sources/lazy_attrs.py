@@ -172,12 +172,17 @@ class LazyAttrs(dict):  # type: ignore[type-arg]
     own size before it asks for items); dump `dict(attrs)`, as the views do with their own dicts."""
 
     __slots__ = ("_decode", "_peeked", "_raw")
+    # `_peeked` until a key is read in place: one empty dict shared by all (never written: the
+    # first key read gives the instance its own). A dict per span was ~60 bytes (~180 filled by the
+    # model build) of fresh memory per span, which a large run's page faults made cost seconds.
+    _nothing_peeked: dict[str, Any] = {}
 
     def __init__(self, raw: Any, decode: Callable[[Any], dict[str, Any]]) -> None:
         super().__init__()
         self._raw = raw
         self._decode = decode
-        self._peeked: dict[str, Any] | None = {}  # key -> value read in place (or _MISSING); None: decoded
+        # key -> value read in place (or _MISSING); None: decoded
+        self._peeked: dict[str, Any] | None = LazyAttrs._nothing_peeked
 
     def _load(self) -> None:
         raw = self._raw
@@ -200,6 +205,8 @@ class LazyAttrs(dict):  # type: ignore[type-arg]
             if not isinstance(key, str):
                 value = _UNKNOWN
             elif isinstance(raw, bytes):
+                if peeked is LazyAttrs._nothing_peeked:
+                    peeked = self._peeked = {}
                 if key in HOT_KEYS and HOT_KEYS[0] not in peeked:  # the first of them asked: read all at once
                     peek_hot(raw, peeked)
                     value = peeked.get(key, _UNKNOWN)
@@ -211,6 +218,8 @@ class LazyAttrs(dict):  # type: ignore[type-arg]
             if value is _UNKNOWN:
                 self._load()
                 return dict.get(self, key, default)
+            if peeked is LazyAttrs._nothing_peeked:
+                peeked = self._peeked = {}
             peeked[key] = value
         return default if value is _MISSING else value
 
@@ -220,6 +229,8 @@ class LazyAttrs(dict):  # type: ignore[type-arg]
         raw = self._raw
         if peeked is not None and isinstance(raw, bytes):
             if HOT_KEYS[0] not in peeked:
+                if peeked is LazyAttrs._nothing_peeked:
+                    peeked = self._peeked = {}
                 peek_hot(raw, peeked)
             get = peeked.get
             a, b, c = get(HOT_KEYS[0], _UNKNOWN), get(HOT_KEYS[1], _UNKNOWN), get(HOT_KEYS[2], _UNKNOWN)

@@ -213,6 +213,7 @@ def _merge_copy(old: SpanTuple, new: SpanTuple) -> SpanTuple | None:
 # WAL checkpoints (see Store.__init__): after this many seconds without ingest, or this many spans
 CHECKPOINT_IDLE_S = 0.5
 CHECKPOINT_SPANS = 250_000
+READER_CACHE_KIB = 8192  # each reader connection's SQLite page cache (the writer's: 128 MB)
 
 
 class _SpanKeys:
@@ -359,6 +360,10 @@ class Store:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._connect()
+            # a reader's page cache, small: it reads a run's batches once, in one pass (its blobs
+            # then live in the model); a 128 MB cache only held a second copy of a large run's
+            # bytes, in fresh memory, and its page faults cost more than reading the pages again
+            conn.execute(f"PRAGMA cache_size=-{READER_CACHE_KIB}")
             self._local.conn = conn
         return conn
 
