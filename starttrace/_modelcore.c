@@ -1134,6 +1134,27 @@ imports_of(NodeSlots *t, PyObject *node)
         PyErr_SetString(PyExc_TypeError, "a span node's children must be a list");
         return NULL;
     }
+    /* children that are all imports (none, mostly) are its imports: that very list, not a copy */
+    Py_ssize_t imports = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(children); i++) {
+        PyObject *child = PyList_GET_ITEM(children, i);
+        PyObject *phase = Py_IS_TYPE(child, t->type) ? SLOT(child, t->phase) : NULL;
+        if (phase == NULL) {
+            break; /* the loop below says what is wrong */
+        }
+        int is_import = same_str(phase, str_import);
+        if (is_import < 0) {
+            return NULL;
+        }
+        if (!is_import) {
+            break;
+        }
+        imports++;
+    }
+    if (imports == PyList_GET_SIZE(children)) {
+        slot_set_borrowed(node, t->imports, children);
+        return children;
+    }
     PyObject *out = PyList_New(0);
     if (out == NULL) {
         return NULL;

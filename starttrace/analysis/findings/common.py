@@ -99,6 +99,10 @@ def import_children(node: SpanNode) -> list[SpanNode]:
         return c_import_children(node, SpanNode)  # type: ignore[no-any-return]
     out = node.imports
     if out is None:
+        children = node.children
+        if all(child.phase == "import" for child in children):  # none, mostly: that very list, no copy
+            node.imports = children
+            return children
         out = node.imports = []
         for child in node.children:  # a list, not a generator: most imports have no children
             phase = child.phase
