@@ -552,6 +552,58 @@ done:
     return node;
 }
 
+/* The nodes as a new list sorted by start, stable (what `list.sort(key=start)` gives), sorted here
+   on C integers; None when a start is not an int in [0, 2**63). */
+typedef struct {
+    long long start;
+    Py_ssize_t index;
+} StartIndex;
+
+static int
+start_index_order(const void *a, const void *b)
+{
+    const StartIndex *x = a, *y = b;
+    if (x->start != y->start) {
+        return x->start < y->start ? -1 : 1;
+    }
+    return x->index < y->index ? -1 : (x->index > y->index);
+}
+
+static int as_time(PyObject *value, long long *out);
+
+static PyObject *
+sorted_by_start(PyObject *nodes, const NodeSlots *t)
+{
+    Py_ssize_t count = PyList_GET_SIZE(nodes);
+    StartIndex *order = PyMem_Malloc(sizeof(StartIndex) * (size_t)(count > 0 ? count : 1));
+    if (order == NULL) {
+        return PyErr_NoMemory();
+    }
+    int sorted = 1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *start = SLOT(PyList_GET_ITEM(nodes, i), t->start);
+        if (start == NULL || !as_time(start, &order[i].start)) {
+            PyMem_Free(order);
+            Py_RETURN_NONE;
+        }
+        order[i].index = i;
+        sorted &= i == 0 || order[i - 1].start <= order[i].start;
+    }
+    if (!sorted) {
+        qsort(order, (size_t)count, sizeof(StartIndex), start_index_order);
+    }
+    PyObject *out = PyList_New(count);
+    if (out != NULL) {
+        for (Py_ssize_t i = 0; i < count; i++) {
+            PyObject *n = PyList_GET_ITEM(nodes, order[i].index);
+            Py_INCREF(n);
+            PyList_SET_ITEM(out, i, n);
+        }
+    }
+    PyMem_Free(order);
+    return out;
+}
+
 static PyObject *
 span_nodes(PyObject *module, PyObject *args)
 {
@@ -606,7 +658,14 @@ span_nodes(PyObject *module, PyObject *args)
             Py_DECREF(node);
         }
     }
-    PyObject *out = PyTuple_Pack(2, nodes, by_id);
+    PyObject *sorted = sorted_by_start(nodes, nb.node);
+    if (sorted == NULL) {
+        goto fail;
+    }
+    PyObject *out = Py_BuildValue("(NOO)", sorted, by_id, sorted == Py_None ? Py_False : Py_True);
+    if (sorted == Py_None && out != NULL) { /* not plain int64 starts: the nodes as made, sorted by the caller */
+        Py_SETREF(out, Py_BuildValue("(OOO)", nodes, by_id, Py_False));
+    }
     Py_DECREF(nodes);
     Py_DECREF(by_id);
     Py_XDECREF(nb.last_phase);

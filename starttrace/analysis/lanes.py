@@ -164,7 +164,7 @@ def _span_nodes(run: Run, lanes_by_id: dict[str, Lane]) -> tuple[list[SpanNode],
     groups.extend((lanes_by_id[p.instance_id], p.spans) for p in run.processes)
     if c_span_nodes is not None:  # the same loop, ~12,000 instructions per span cheaper
         raw_reader = run_type.RAW_HOT_READER
-        nodes, by_id = c_span_nodes(
+        nodes, by_id, in_order = c_span_nodes(
             [(lane, spans if type(spans) is list else list(spans)) for lane, spans in groups],
             SpanNode,
             Span,
@@ -173,7 +173,8 @@ def _span_nodes(run: Run, lanes_by_id: dict[str, Lane]) -> tuple[list[SpanNode],
             hot_values,
             *(raw_reader or (None, None, None, None)),
         )
-        nodes.sort(key=_START)
+        if not in_order:  # sorted by start in C, unless a start is not a plain int64
+            nodes.sort(key=_START)
         return nodes, by_id
     append = nodes.append
     for lane, spans in groups:

@@ -333,3 +333,21 @@ def test_split_imports_matches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(model_module, "c_split_imports", None)
     assert splits() == in_c
     assert any(a and b for a, b in in_c) and any(not b for _, b in in_c)
+
+
+def test_nodes_in_start_order_with_ties_and_odd_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`span_nodes` hands the nodes back sorted by start (stable: ties keep the lanes' order), on C
+    integers; a start it does not take (negative here) leaves the sort to Python: the same order."""
+
+    def odd_start() -> Run:
+        run = _odd_run()
+        run.processes[1].spans[0].start_ns = -5
+        return run
+
+    for make in (_odd_run, odd_start):
+        model = _same(make, monkeypatch)
+        starts = [n.start for n in model.spans]
+        assert starts == sorted(starts)
+    by_id = {n.id: n for n in _same(_odd_run, monkeypatch).spans}
+    order = [n.id for n in _same(_odd_run, monkeypatch).spans]
+    assert by_id["a8"].start == by_id["a9"].start and order.index("a8") < order.index("a9")
