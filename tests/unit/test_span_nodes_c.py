@@ -351,3 +351,20 @@ def test_nodes_in_start_order_with_ties_and_odd_starts(monkeypatch: pytest.Monke
     by_id = {n.id: n for n in _same(_odd_run, monkeypatch).spans}
     order = [n.id for n in _same(_odd_run, monkeypatch).spans]
     assert by_id["a8"].start == by_id["a9"].start and order.index("a8") < order.index("a9")
+
+
+def test_the_shared_empty_peeked_dict_stays_empty(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every `LazyAttrs` shares one empty `_peeked` until a key is read in place: building models
+    (C and Python) and reading hot, other and absent keys gives each instance its own dict and
+    leaves the shared one empty."""
+    make = _stored(make_run(run_id="r", ranks=2, imports_per_rank=50, seed=4), tmp_path)
+    _same(make, monkeypatch)  # every build, C and Python, and their views
+    model = build_model(make(), now_ns=NOW)
+    lazy = [n.attrs for n in model.spans if isinstance(n.attrs, LazyAttrs)]
+    shared = sum(a._peeked is LazyAttrs._nothing_peeked for a in lazy)
+    assert len(lazy) > 50 and shared >= 0.8 * len(lazy), shared  # the build kept nothing on them (findings read a few)
+    phases = [a.get(PHASE) for a in lazy]
+    assert all(a._peeked is not LazyAttrs._nothing_peeked for a in lazy)
+    assert all(a.get("no.such.key") is None for a in lazy)
+    assert phases == [dict(a).get(PHASE) for a in lazy] and "import" in phases
+    assert LazyAttrs._nothing_peeked == {}
