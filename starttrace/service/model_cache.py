@@ -10,6 +10,8 @@
   `idle_s` (and the ingest queue is empty), a background thread builds its model and first
   answer, so the first request finds them done. A run whose last model was live waits
   `LIVE_IDLE_S` instead: nothing is rebuilt every second next to a startup that is being traced.
+- While a model is built, the store's idle WAL checkpoint waits (`Store.deferring_checkpoints`):
+  right after ingest it copied the whole ingest's pages next to the first request.
 - Memory: a model is built with the cyclic GC paused and the heap frozen after it; replaced and
   evicted models are retired and released (`service.model_memory`).
 """
@@ -100,7 +102,7 @@ class ModelCache:
         model = self._current(run_id, version)
         if model is not None:
             return model
-        with self._run_lock(run_id):
+        with self._run_lock(run_id), self.store.deferring_checkpoints():
             model = self._current(run_id, version)
             if model is not None:
                 return model

@@ -33,7 +33,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -339,6 +339,7 @@ class Store:
         # file, and fsync it, in the middle of a burst, on the writer's critical path).
         self._writer_conn.execute("PRAGMA wal_autocheckpoint=0")
         self._unchecked_spans = 0
+        self._deferring = 0  # Store.deferring_checkpoints
         for trace_id, run_id in self._writer_conn.execute("SELECT trace_id, run_id FROM runs"):
             if trace_id:
                 self._trace_runs.setdefault(trace_id, run_id)
@@ -422,6 +423,19 @@ class Store:
         self._queue.put(IngestBatch(processes=[], done=event))
         return event.wait(timeout)
 
+    @contextlib.contextmanager
+    def deferring_checkpoints(self) -> Iterator[None]:
+        """While a run is loaded and its model built for someone waiting, the writer's idle WAL
+        checkpoint waits: it copied a whole ingest's pages (~100 MB for a 64-rank run) next to the
+        first request. A checkpoint forced by the WAL's size (CHECKPOINT_SPANS) still runs."""
+        with self._queued_lock:
+            self._deferring += 1
+        try:
+            yield
+        finally:
+            with self._queued_lock:
+                self._deferring -= 1
+
     def _checkpoint(self) -> None:
         self._unchecked_spans = 0
         try:
@@ -436,7 +450,8 @@ class Store:
             try:
                 item = self._queue.get(timeout=CHECKPOINT_IDLE_S if self._unchecked_spans else None)
             except queue.Empty:
-                self._checkpoint()  # idle: nothing queued for a while
+                if not self._deferring:  # idle: nothing queued for a while, and no model being built
+                    self._checkpoint()
                 continue
             batches: list[IngestBatch] = []
             stop = item is None

@@ -266,6 +266,25 @@ def test_idle_checkpoint(tmp_path: Path) -> None:
     st.close()
 
 
+def test_idle_checkpoint_waits_while_a_model_is_built(tmp_path: Path) -> None:
+    """`deferring_checkpoints` (held by the model cache while it loads and builds a run) keeps the
+    idle checkpoint from running next to the request; it runs once the build is done."""
+    st = Store(tmp_path / "c.db")
+    st.start()
+    with st.deferring_checkpoints():
+        proc = ProcessBatch(source="otlp", resource={"starttrace.run_id": "r"}, spans=[_span(1, 5)])
+        st.submit(IngestBatch(processes=[proc]))
+        assert st.flush()
+        time.sleep(store_module.CHECKPOINT_IDLE_S * 3)
+        assert st._unchecked_spans > 0  # idle, but not checkpointed
+        assert st.count_spans("r") == 1  # reads go on
+    deadline = time.time() + 5
+    while st._unchecked_spans and time.time() < deadline:
+        time.sleep(0.05)
+    assert st._unchecked_spans == 0
+    st.close()
+
+
 @pytest.fixture(params=["c", "python"])
 def rows_to_spans(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Rows become spans in C (`_modelcore.spans_from_rows`) and in Python."""
