@@ -634,7 +634,12 @@ span_nodes(PyObject *module, PyObject *args)
         }
     }
     /* sized once: growing a dict of 100k+ entries step by step re-inserted them all ~twice */
+#if PY_VERSION_HEX < 0x030D0000
     PyObject *nodes = PyList_New(0), *by_id = _PyDict_NewPresized(total);
+#else /* no longer in the headers from 3.13 */
+    PyObject *nodes = PyList_New(0), *by_id = PyDict_New();
+    (void)total;
+#endif
     if (nodes == NULL || by_id == NULL) {
         goto fail;
     }
