@@ -121,11 +121,11 @@ peek_attrs(PyObject *module, PyObject *args)
     return out;
 }
 
-/* ---- analysis/lanes.py: span nodes, tree links, hotspot sums, effective ends, lane intervals -- */
+/* ---- analysis/lanes.py: span nodes, tree links, effective ends, lane intervals ----------------- */
 
 /* `analysis.lanes._span_nodes` and `_link_tree` touch every span's fields one by one (in Python
-   ~21,000 instructions per span, a third of the build before this code); `_hotspot_sums`,
-   `_set_durations` and `_phase_intervals` run once per span too. The Python functions stay the
+   ~21,000 instructions per span, a third of the build before this code); `_set_durations` and
+   `_phase_intervals` run once per span too (the hotspot sums: `hotspot_top`, below). The Python functions stay the
    reference and the fallback; these do the same, step for step (tests/unit/test_span_nodes_c.py
    builds every model both ways and compares them). SpanNode's fields are written straight into its
    slots, at the offsets its member descriptors name (`NodeSlots`). */
@@ -752,159 +752,6 @@ link_tree(PyObject *module, PyObject *args)
         slot_set(n, t->depth, value);
     }
     Py_RETURN_NONE;
-}
-
-/* `analysis.lanes.import_hotspots`'s sums: per module (`n.module or n.name`) of the import spans,
-   [cumulative ns, self ns (`analysis.model.self_ns`), set of lane indices, count], in first-seen
-   order, as the Python loop fills its dict. */
-static PyObject *
-hotspot_sums(PyObject *module, PyObject *args)
-{
-    PyObject *nodes, *node_type, *import_phase;
-    if (!PyArg_ParseTuple(args, "O!OU:hotspot_sums", &PyList_Type, &nodes, &node_type, &import_phase)) {
-        return NULL;
-    }
-    NodeSlots *t = node_slots(node_type);
-    if (t == NULL) {
-        return NULL;
-    }
-    PyObject *acc = PyDict_New(), *thousand = PyLong_FromLong(1000), *zero = PyLong_FromLong(0);
-    PyObject *one = PyLong_FromLong(1);
-    if (acc == NULL || thousand == NULL || zero == NULL || one == NULL) {
-        goto fail;
-    }
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
-        PyObject *n = PyList_GET_ITEM(nodes, i);
-        if (!Py_IS_TYPE(n, t->type)) {
-            PyErr_SetString(PyExc_TypeError, "hotspot_sums: nodes must be of node_type");
-            goto fail;
-        }
-        PyObject *phase = SLOT(n, t->phase), *mod = SLOT(n, t->module), *duration = SLOT(n, t->duration);
-        PyObject *self_us = SLOT(n, t->self_us), *children = SLOT(n, t->children), *lane = SLOT(n, t->lane);
-        if (phase == NULL || mod == NULL || duration == NULL || self_us == NULL || children == NULL || lane == NULL ||
-            SLOT(n, t->name) == NULL) {
-            PyErr_SetString(PyExc_AttributeError, "hotspot_sums: a span node is not built yet");
-            goto fail;
-        }
-        int is_import = phase == import_phase ? 1 : PyObject_RichCompareBool(phase, import_phase, Py_EQ);
-        if (is_import < 0) {
-            goto fail;
-        }
-        if (!is_import) {
-            continue;
-        }
-        int truth = PyObject_IsTrue(mod);
-        if (truth < 0) {
-            goto fail;
-        }
-        if (!truth) {
-            mod = SLOT(n, t->name);
-        }
-        /* self_ns(n) */
-        PyObject *own;
-        if (self_us != Py_None) {
-            PyObject *ns = PyNumber_Multiply(self_us, thousand);
-            if (ns == NULL) {
-                goto fail;
-            }
-            own = PyNumber_Long(ns);
-            Py_DECREF(ns);
-        } else if (!PyList_Check(children) || PyList_GET_SIZE(children) == 0) {
-            if (!PyList_Check(children)) {
-                PyErr_SetString(PyExc_TypeError, "hotspot_sums: children must be a list");
-                goto fail;
-            }
-            Py_INCREF(duration);
-            own = duration;
-        } else {
-            PyObject *sum = zero;
-            Py_INCREF(sum);
-            for (Py_ssize_t c = 0; c < PyList_GET_SIZE(children); c++) {
-                PyObject *child = PyList_GET_ITEM(children, c);
-                PyObject *cd = Py_IS_TYPE(child, t->type) ? SLOT(child, t->duration) : NULL;
-                if (cd == NULL) {
-                    Py_DECREF(sum);
-                    PyErr_SetString(PyExc_AttributeError, "hotspot_sums: a child's duration");
-                    goto fail;
-                }
-                PyObject *next = PyNumber_Add(sum, cd);
-                Py_DECREF(sum);
-                if (next == NULL) {
-                    goto fail;
-                }
-                sum = next;
-            }
-            PyObject *left = PyNumber_Subtract(duration, sum);
-            Py_DECREF(sum);
-            if (left == NULL) {
-                goto fail;
-            }
-            int negative = PyObject_RichCompareBool(zero, left, Py_GT); /* max(0, left) */
-            if (negative < 0) {
-                Py_DECREF(left);
-                goto fail;
-            }
-            if (negative) {
-                Py_DECREF(left);
-                Py_INCREF(zero);
-                left = zero;
-            }
-            own = left;
-        }
-        if (own == NULL) {
-            goto fail;
-        }
-        PyObject *a = PyDict_GetItemWithError(acc, mod);
-        if (a == NULL) {
-            if (PyErr_Occurred()) {
-                Py_DECREF(own);
-                goto fail;
-            }
-            PyObject *lanes = PySet_New(NULL);
-            a = lanes == NULL ? NULL : PyList_New(4);
-            if (a == NULL) {
-                Py_XDECREF(lanes);
-                Py_DECREF(own);
-                goto fail;
-            }
-            Py_INCREF(zero);
-            PyList_SET_ITEM(a, 0, zero);
-            Py_INCREF(zero);
-            PyList_SET_ITEM(a, 1, zero);
-            PyList_SET_ITEM(a, 2, lanes);
-            Py_INCREF(zero);
-            PyList_SET_ITEM(a, 3, zero);
-            if (PyDict_SetItem(acc, mod, a) < 0) {
-                Py_DECREF(a);
-                Py_DECREF(own);
-                goto fail;
-            }
-            Py_DECREF(a); /* the dict holds it */
-        }
-        PyObject *cum = PyNumber_Add(PyList_GET_ITEM(a, 0), duration);
-        PyObject *self_sum = cum == NULL ? NULL : PyNumber_Add(PyList_GET_ITEM(a, 1), own);
-        Py_DECREF(own);
-        PyObject *count = self_sum == NULL ? NULL : PyNumber_Add(PyList_GET_ITEM(a, 3), one);
-        if (count == NULL || PySet_Add(PyList_GET_ITEM(a, 2), lane) < 0) {
-            Py_XDECREF(cum);
-            Py_XDECREF(self_sum);
-            Py_XDECREF(count);
-            goto fail;
-        }
-        PyList_SetItem(a, 0, cum);
-        PyList_SetItem(a, 1, self_sum);
-        PyList_SetItem(a, 3, count);
-    }
-    Py_DECREF(thousand);
-    Py_DECREF(zero);
-    Py_DECREF(one);
-    return acc;
-fail:
-    Py_XDECREF(acc);
-    Py_XDECREF(thousand);
-    Py_XDECREF(zero);
-    Py_XDECREF(one);
-    return NULL;
 }
 
 /* The end used for every node, as `analysis.lanes._build` sets it: `t_eff` for a span in progress,
@@ -1869,8 +1716,8 @@ fail:
    module's hash. Returns (module, [cumulative ns, self ns, set of lane indices, count]) for every
    module whose cumulative time is at least the `limit`-th longest (all of them when there are no
    more than `limit`; none for a limit <= 0), unordered: what `import_hotspots` keeps of
-   `hotspot_sums`' dict before it sorts. None when a value is not a plain int in int64 (or a float
-   self time), or a lane is not an index below `lanes`: `hotspot_sums` then does it. A synthetic run
+   `lanes._hotspot_sums`' dict before it sorts. None when a value is not a plain int in int64 (or a
+   float self time), or a lane is not an index below `lanes`: the Python sums then do it. A synthetic run
    with a module per import span made the dict's list and set per module half of the old pass. */
 typedef struct {
     PyObject *mod; /* borrowed: the nodes keep it */
@@ -2269,11 +2116,15 @@ lane_attr_cached(LaneCache *c, PyObject *lane, PyObject *attr)
     return value;
 }
 
+/* One step of a lane walk: node `n`, the `i`-th, with its lane's attribute (borrowed). */
+typedef int (*LaneStep)(const NodeSlots *t, PyObject *n, Py_ssize_t i, PyObject *value);
+
+/* Every node of `args` (nodes, node_type) with its lane's `attr`, looked up once per lane. */
 static PyObject *
-lane_positions(PyObject *module, PyObject *args)
+lane_walk(PyObject *args, const char *format, PyObject *attr, LaneStep step)
 {
     PyObject *nodes, *node_type;
-    if (!PyArg_ParseTuple(args, "O!O:lane_positions", &PyList_Type, &nodes, &node_type)) {
+    if (!PyArg_ParseTuple(args, format, &PyList_Type, &nodes, &node_type)) {
         return NULL;
     }
     NodeSlots *t = node_slots(node_type);
@@ -2285,65 +2136,60 @@ lane_positions(PyObject *module, PyObject *args)
         PyObject *n = PyList_GET_ITEM(nodes, i);
         PyObject *lane = Py_IS_TYPE(n, t->type) ? SLOT(n, t->lane) : NULL;
         if (lane == NULL) {
-            PyErr_SetString(PyExc_TypeError, "lane_positions: nodes must be span nodes with their lane");
-            goto fail;
+            PyErr_SetString(PyExc_TypeError, "lane walk: nodes must be span nodes with their lane");
+            lane_cache_free(&cache);
+            return NULL;
         }
-        PyObject *spans = lane_attr_cached(&cache, lane, str_spans);
-        if (spans == NULL) {
-            goto fail;
-        }
-        if (!PyList_Check(spans)) {
-            PyErr_SetString(PyExc_TypeError, "lane_positions: a lane's spans must be a list");
-            goto fail;
-        }
-        PyObject *pos = PyLong_FromSsize_t(PyList_GET_SIZE(spans));
-        if (pos == NULL) {
-            goto fail;
-        }
-        slot_set(n, t->pos, pos);
-        if (PyList_Append(spans, n) < 0) {
-            goto fail;
+        PyObject *value = lane_attr_cached(&cache, lane, attr);
+        if (value == NULL || step(t, n, i, value) < 0) {
+            lane_cache_free(&cache);
+            return NULL;
         }
     }
     lane_cache_free(&cache);
     Py_RETURN_NONE;
-fail:
-    lane_cache_free(&cache);
-    return NULL;
+}
+
+/* the node joins its lane's spans; `n.pos` its place there */
+static int
+position_step(const NodeSlots *t, PyObject *n, Py_ssize_t i, PyObject *spans)
+{
+    if (!PyList_Check(spans)) {
+        PyErr_SetString(PyExc_TypeError, "lane_positions: a lane's spans must be a list");
+        return -1;
+    }
+    PyObject *pos = PyLong_FromSsize_t(PyList_GET_SIZE(spans));
+    if (pos == NULL) {
+        return -1;
+    }
+    slot_set(n, t->pos, pos);
+    return PyList_Append(spans, n);
+}
+
+/* `n.lane` becomes the lane's index (dropping the node's reference to the lane: `ordered` holds
+   it), `n.idx` the node's place in the run */
+static int
+index_step(const NodeSlots *t, PyObject *n, Py_ssize_t i, PyObject *index)
+{
+    PyObject *idx = PyLong_FromSsize_t(i);
+    if (idx == NULL) {
+        return -1;
+    }
+    slot_set_borrowed(n, t->lane, index);
+    slot_set(n, t->idx, idx);
+    return 0;
+}
+
+static PyObject *
+lane_positions(PyObject *module, PyObject *args)
+{
+    return lane_walk(args, "O!O:lane_positions", str_spans, position_step);
 }
 
 static PyObject *
 lane_indexes(PyObject *module, PyObject *args)
 {
-    PyObject *nodes, *node_type;
-    if (!PyArg_ParseTuple(args, "O!O:lane_indexes", &PyList_Type, &nodes, &node_type)) {
-        return NULL;
-    }
-    NodeSlots *t = node_slots(node_type);
-    LaneCache cache;
-    if (t == NULL || lane_cache_init(&cache, 64) < 0) {
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
-        PyObject *n = PyList_GET_ITEM(nodes, i);
-        PyObject *lane = Py_IS_TYPE(n, t->type) ? SLOT(n, t->lane) : NULL;
-        if (lane == NULL) {
-            PyErr_SetString(PyExc_TypeError, "lane_indexes: nodes must be span nodes with their lane");
-            goto fail;
-        }
-        PyObject *index = lane_attr_cached(&cache, lane, str_index);
-        PyObject *idx = index == NULL ? NULL : PyLong_FromSsize_t(i);
-        if (idx == NULL) {
-            goto fail;
-        }
-        slot_set_borrowed(n, t->lane, index); /* drops the node's reference to the lane (`ordered` holds it) */
-        slot_set(n, t->idx, idx);
-    }
-    lane_cache_free(&cache);
-    Py_RETURN_NONE;
-fail:
-    lane_cache_free(&cache);
-    return NULL;
+    return lane_walk(args, "O!O:lane_indexes", str_index, index_step);
 }
 
 /* `analysis.lanes._last_time`: the latest end of the nodes, a node without an end counting by
@@ -2372,7 +2218,7 @@ last_time(PyObject *module, PyObject *args)
         if (!as_time(end == Py_None ? start : end, &v)) {
             Py_RETURN_NONE;
         }
-        if (v > last || i == 0) {
+        if (v > last) {
             last = v;
         }
     }
@@ -2435,8 +2281,6 @@ static PyMethodDef modelcore_methods[] = {
      "span_nodes(groups, node_type, span_type, keys, name_phases, hot_values, lazy_type, patterns, missing, unknown): "
      "analysis.lanes._span_nodes's loop; (nodes, by_id)."},
     {"link_tree", link_tree, METH_VARARGS, "link_tree(nodes, by_id, node_type): analysis.lanes._link_tree."},
-    {"hotspot_sums", hotspot_sums, METH_VARARGS,
-     "hotspot_sums(nodes, node_type, 'import'): analysis.lanes.import_hotspots's sums per module."},
     {"split_imports", split_imports, METH_VARARGS, "split_imports(spans, node_type, min_ns, 'import'): model's."},
     {"last_time", last_time, METH_VARARGS, "last_time(nodes, node_type): analysis.lanes._last_time, or None."},
     {"lane_positions", lane_positions, METH_VARARGS, "lane_positions(nodes, node_type): _order_lanes's first loop."},

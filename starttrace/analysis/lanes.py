@@ -32,12 +32,12 @@ try:  # the per-span loops in C (starttrace/_modelcore.c, built at install where
     from starttrace import _modelcore  # type: ignore[attr-defined]
 
     c_span_nodes, c_link_tree = _modelcore.span_nodes, _modelcore.link_tree
-    c_set_durations, c_hotspot_sums = _modelcore.set_durations, _modelcore.hotspot_sums
+    c_set_durations = _modelcore.set_durations
     c_phase_intervals, c_hotspot_top = _modelcore.phase_intervals, _modelcore.hotspot_top
     c_lane_positions, c_lane_indexes = _modelcore.lane_positions, _modelcore.lane_indexes
     c_last_time = _modelcore.last_time
 except ImportError:
-    c_span_nodes = c_link_tree = c_set_durations = c_hotspot_sums = c_phase_intervals = c_hotspot_top = None
+    c_span_nodes = c_link_tree = c_set_durations = c_phase_intervals = c_hotspot_top = None
     c_lane_positions = c_lane_indexes = c_last_time = None
 
 _START = operator.attrgetter("start")
@@ -390,9 +390,8 @@ def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str
 
 
 def _hotspot_sums(nodes: list[SpanNode]) -> dict[str, list[Any]]:
-    """Per module of the import spans: [cumulative ns, self ns, lane indices, imports]."""
-    if c_hotspot_sums is not None:
-        return c_hotspot_sums(nodes, SpanNode, "import")  # type: ignore[no-any-return]
+    """Per module of the import spans: [cumulative ns, self ns, lane indices, imports] (where
+    `_modelcore.hotspot_top` does not take a value: the reference it is tested against)."""
     acc: dict[str, list[Any]] = {}
     get = acc.get
     for n in nodes:

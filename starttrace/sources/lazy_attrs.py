@@ -184,6 +184,12 @@ class LazyAttrs(dict):  # type: ignore[type-arg]
         # key -> value read in place (or _MISSING); None: decoded
         self._peeked: dict[str, Any] | None = LazyAttrs._nothing_peeked
 
+    def _own_peeked(self, peeked: dict[str, Any]) -> dict[str, Any]:
+        """`peeked`, or a dict of this instance's own in place of the shared empty one (to write to)."""
+        if peeked is LazyAttrs._nothing_peeked:
+            peeked = self._peeked = {}
+        return peeked
+
     def _load(self) -> None:
         raw = self._raw
         if raw is not None:
@@ -205,9 +211,8 @@ class LazyAttrs(dict):  # type: ignore[type-arg]
             if not isinstance(key, str):
                 value = _UNKNOWN
             elif isinstance(raw, bytes):
-                if peeked is LazyAttrs._nothing_peeked:
-                    peeked = self._peeked = {}
                 if key in HOT_KEYS and HOT_KEYS[0] not in peeked:  # the first of them asked: read all at once
+                    peeked = self._own_peeked(peeked)
                     peek_hot(raw, peeked)
                     value = peeked.get(key, _UNKNOWN)
                     if value is not _UNKNOWN:
@@ -218,9 +223,7 @@ class LazyAttrs(dict):  # type: ignore[type-arg]
             if value is _UNKNOWN:
                 self._load()
                 return dict.get(self, key, default)
-            if peeked is LazyAttrs._nothing_peeked:
-                peeked = self._peeked = {}
-            peeked[key] = value
+            self._own_peeked(peeked)[key] = value
         return default if value is _MISSING else value
 
     def hot(self) -> tuple[Any, Any, Any]:
@@ -229,8 +232,7 @@ class LazyAttrs(dict):  # type: ignore[type-arg]
         raw = self._raw
         if peeked is not None and isinstance(raw, bytes):
             if HOT_KEYS[0] not in peeked:
-                if peeked is LazyAttrs._nothing_peeked:
-                    peeked = self._peeked = {}
+                peeked = self._own_peeked(peeked)
                 peek_hot(raw, peeked)
             get = peeked.get
             a, b, c = get(HOT_KEYS[0], _UNKNOWN), get(HOT_KEYS[1], _UNKNOWN), get(HOT_KEYS[2], _UNKNOWN)

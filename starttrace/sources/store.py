@@ -993,18 +993,16 @@ def _lane_spans(
         if marked:
             linked.add(lane_id)
         keys = seen.get(trace_ref)
-        if new_spans == len(spans) and keys is None:  # all new: appended, mapped only if a copy comes
-            unmapped.setdefault(trace_ref, []).append((out, len(out), len(spans)))
+        if new_spans == len(spans):  # all new: appended (mapped only once the trace has a copy)
+            chunk = (out, len(out), len(spans))
             out.extend(spans)
+            if keys is None:
+                unmapped.setdefault(trace_ref, []).append(chunk)
+            else:
+                keys.update(_first_copies([chunk]))
             continue
         if keys is None:
             keys = seen[trace_ref] = _first_copies(unmapped.pop(trace_ref, ()))
-        firsts = dict.fromkeys([s[1] for s in spans])
-        if len(firsts) == len(spans) and keys.keys().isdisjoint(firsts):  # all new: no Python loop per span
-            at, n = len(out), len(spans)
-            out.extend(spans)
-            keys.update(zip(firsts, zip(itertools.repeat(out, n), range(at, at + n), strict=True), strict=True))
-            continue
         for sp in spans:
             first = keys.get(sp[1])
             if first is None:

@@ -1,5 +1,5 @@
 """The model build's per-span loops in C (`_modelcore.span_nodes`, `link_tree`, `set_durations`,
-`hotspot_sums`, `hotspot_top`) build exactly what the Python code does (`analysis.lanes._span_nodes`,
+`hotspot_top`) build exactly what the Python code does (`analysis.lanes._span_nodes`,
 `_link_tree`, `_set_durations`, `_hotspot_sums`): every field of every node, the same values of
 the same types, the same import hotspots, and the same views."""
 
@@ -40,7 +40,6 @@ def _build(make: Callable[[], Run], c: bool, monkeypatch: pytest.MonkeyPatch, ra
         if not c:
             m.setattr(lanes, "c_span_nodes", None)
             m.setattr(lanes, "c_link_tree", None)
-            m.setattr(lanes, "c_hotspot_sums", None)
             m.setattr(lanes, "c_hotspot_top", None)
             m.setattr(lanes, "c_lane_positions", None)
             m.setattr(lanes, "c_lane_indexes", None)
@@ -261,9 +260,7 @@ def test_step_candidates_match(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def _python_top(nodes: list[SpanNode], limit: int) -> list[tuple[Any, ...]]:
     """What `import_hotspots` keeps of the Python sums (every module at least as long as the
     limit-th longest), as sorted tuples."""
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(lanes, "c_hotspot_sums", None)
-        acc = lanes._hotspot_sums(nodes)
+    acc = lanes._hotspot_sums(nodes)
     cums = sorted((a[0] for a in acc.values()), reverse=True)
     cut = cums[limit - 1] if 0 < limit < len(cums) else min(cums, default=0)
     if limit <= 0:

@@ -104,7 +104,7 @@ def import_children(node: SpanNode) -> list[SpanNode]:
             node.imports = children
             return children
         out = node.imports = []
-        for child in node.children:  # a list, not a generator: most imports have no children
+        for child in children:
             phase = child.phase
             if phase == "import":
                 out.append(child)
