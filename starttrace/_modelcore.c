@@ -184,6 +184,9 @@ slot_set_borrowed(PyObject *obj, Py_ssize_t offset, PyObject *value)
 typedef struct {
     PyTypeObject *type; /* a strong reference, once set */
     Py_ssize_t attrs, children, depth, duration, eff_end, end, error, id, idx, imports, in_progress, instant, lane, module, name, parent, parent_node, phase, pos, self_us, start, thread;
+    /* the type's NO_CHILDREN: the one empty list every leaf shares (a strong reference; NULL: a
+       list per node). Never appended to: link_tree gives a parent its own list first. */
+    PyObject *no_children;
 } NodeSlots;
 static NodeSlots node_slots_cache;
 
@@ -266,8 +269,15 @@ node_slots(PyObject *node_type)
     if ((t.thread = slot_offset(type, "thread")) < 0) {
         return NULL;
     }
+    t.no_children = PyObject_GetAttrString(node_type, "NO_CHILDREN");
+    if (t.no_children == NULL) {
+        PyErr_Clear();
+    } else if (!PyList_CheckExact(t.no_children) || PyList_GET_SIZE(t.no_children) != 0) {
+        Py_CLEAR(t.no_children);
+    }
     Py_INCREF(type);
     Py_XDECREF(node_slots_cache.type);
+    Py_XDECREF(node_slots_cache.no_children);
     node_slots_cache = t;
     return &node_slots_cache;
 }
@@ -465,7 +475,7 @@ make_node(NodeBuild *nb, PyObject *span, PyObject *lane)
     if (node == NULL) {
         goto done;
     }
-    PyObject *children = PyList_New(0);
+    PyObject *children = ns->no_children != NULL ? Py_NewRef(ns->no_children) : PyList_New(0);
     if (children == NULL) {
         Py_CLEAR(node);
         goto done;
@@ -727,6 +737,12 @@ link_tree(PyObject *module, PyObject *args)
         slot_set_borrowed(n, t->parent_node, parent);
         if (Py_IS_TYPE(parent, t->type) && SLOT(parent, t->lane) == SLOT(n, t->lane)) {
             PyObject *children = SLOT(parent, t->children);
+            if (children != NULL && children == t->no_children) { /* its first child: a list of its own */
+                if ((children = PyList_New(0)) == NULL) {
+                    return NULL;
+                }
+                slot_set(parent, t->children, children);
+            }
             if (children == NULL || !PyList_Check(children) || PyList_Append(children, n) < 0) {
                 if (!PyErr_Occurred()) {
                     PyErr_SetString(PyExc_TypeError, "children must be a list");
@@ -1655,9 +1671,7 @@ spans_from_rows(PyObject *module, PyObject *args)
         int in_progress = PyObject_IsTrue(PyTuple_GET_ITEM(r, 6));
         int instant = in_progress < 0 ? -1 : PyObject_IsTrue(PyTuple_GET_ITEM(r, 7));
         PyObject *span = instant < 0 ? NULL : stype->tp_alloc(stype, 0);
-        PyObject *links = span == NULL ? NULL : PyList_New(0);
-        if (links == NULL) {
-            Py_XDECREF(span);
+        if (span == NULL) {
             Py_DECREF(attrs);
             goto fail;
         }
@@ -1671,7 +1685,7 @@ spans_from_rows(PyObject *module, PyObject *args)
         slot_set_borrowed(span, off[7], PyTuple_GET_ITEM(r, 10));
         slot_set_borrowed(span, off[8], instant ? Py_True : Py_False);
         slot_set_borrowed(span, off[9], in_progress ? Py_True : Py_False);
-        slot_set(span, off[10], links);
+        slot_set_borrowed(span, off[10], no_args); /* links: the shared empty tuple (run.Span) */
         PyList_SET_ITEM(spans, i, span);
         if (!linked) {
             continue;

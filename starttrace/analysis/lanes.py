@@ -226,7 +226,10 @@ def _link_tree(nodes: list[SpanNode], by_id: dict[str, SpanNode]) -> None:
         if parent is not None and parent is not n:
             n.parent_node = parent
             if parent.lane is n.lane:
-                parent.children.append(n)
+                if parent.children is SpanNode.NO_CHILDREN:
+                    parent.children = [n]
+                else:
+                    parent.children.append(n)
     for n in nodes:
         depth = 0
         p = n.parent_node

@@ -343,7 +343,7 @@ def _resolve_parents(
         launch = next((s for s in requests if s.span_id != own.parent_id and s.name == "process.launch"), None)
         if launch is not None:
             own.attrs["starttrace.launched_by"] = launch.span_id
-            own.links.append(Link(launch.span_id, attrs={"starttrace.link": "launched_by"}))
+            own.add_link(Link(launch.span_id, attrs={"starttrace.link": "launched_by"}))
         ids = {s.span_id for s in process.spans}
         for span in process.spans:
             if span is own:

@@ -190,6 +190,12 @@ class LazyAttrs(dict):  # type: ignore[type-arg]
             peeked = self._peeked = {}
         return peeked
 
+    def stored(self) -> Any:
+        """What it was made from (the stored bytes or text) while nothing decoded it, else the
+        decoded attributes as a plain dict."""
+        raw = self._raw
+        return raw if raw is not None else dict(self)
+
     def _load(self) -> None:
         raw = self._raw
         if raw is not None:

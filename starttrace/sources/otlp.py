@@ -291,6 +291,10 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
         resource = _attrs(rs.resource.attributes)
         rows: list[SpanTuple] = []
         append = rows.append
+        # one str per span id of the process's batch, shared by the span and its children's parent
+        # ids: the stored blob then holds a back-reference for most parent ids, and the loaded run
+        # one string for both (a child ends, and so is sent, before its parent, in the same batch)
+        hexes: dict[bytes, str] = {}
         for ss, ss_raw in zip(rs.scope_spans, rs_raw.scope_spans, strict=True):
             scope = ss.scope.name
             suffix = None
@@ -339,11 +343,19 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
                     error = sp.status.message or "error"
                 if error is None and maybe_exception and any(e.name == "exception" for e in sp.events):
                     error = "exception"
+                sid_hex = hexes.get(sid)
+                if sid_hex is None:
+                    sid_hex = hexes[sid] = sid.hex()
+                pid_hex = None
+                if pid:
+                    pid_hex = hexes.get(pid)
+                    if pid_hex is None:
+                        pid_hex = hexes[pid] = pid.hex()
                 append(
                     (
                         last_hex,
-                        sid.hex(),
-                        pid.hex() if pid else None,
+                        sid_hex,
+                        pid_hex,
                         sp.name,
                         start,
                         end,

@@ -15,7 +15,7 @@ is replaced when it arrives again; an ended span is replaced only by an ended co
 (end or attributes), and never by an in-progress copy of itself. The writer knows each trace's
 stored span ids in memory (`_SpanKeys`, read back from the trace's batches when a trace is first
 touched after a start), counts only new spans (`span_batches.spans`: a run's span count is their
-sum) and drops a copy that could never win; the reader applies the rule (`_merge_copy`) as it
+sum) and drops a copy that could never win; the reader applies the rule (`lane_reader.merge_copy`) as it
 reads the batches in arrival order, keeping each span at its first position.
 
 Schema version (`PRAGMA user_version`): 4. A version-3 or version-2 file (one row per span in
@@ -26,7 +26,6 @@ older file (spans without `lane`) is refused with `SchemaError`.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import operator
 import queue
@@ -38,15 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starttrace.run import Link, Process, Run, Span, gc_paused, int_or_none
+from starttrace.run import Process, Run, Span, gc_paused, int_or_none
 from starttrace.sources.batches import IngestBatch, PackedSpans, ProcessBatch, SpanTuple, pack_spans, unpack_spans
-from starttrace.sources.lazy_attrs import LazyAttrs
-from starttrace.sources.otlp import span_attrs
+from starttrace.sources.lane_reader import LaneReader, LiveReads, decode_attrs, lazy_attrs, span_row
 
-try:  # rows -> spans in C (starttrace/_modelcore.c, built at install where a C compiler is there)
-    from starttrace._modelcore import spans_from_rows as c_spans_from_rows  # type: ignore[import-not-found]
-except ImportError:
-    c_spans_from_rows = None
+__all__ = ["RunRows", "SchemaError", "Store", "decode_attrs", "lazy_attrs", "run_from_rows"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -118,25 +113,6 @@ CREATE TABLE IF NOT EXISTS views (
 """
 
 
-def decode_attrs(value: str | bytes | None) -> dict[str, Any]:
-    """A stored `attrs` value as a dict: JSON object text, or the raw bytes of an OTLP `Span`
-    (its `attributes`; the receiver stores spans as received and decodes them only here)."""
-    if not value:
-        return {}
-    if isinstance(value, str):
-        return dict(json.loads(value))
-    return span_attrs(bytes(value))
-
-
-def lazy_attrs(value: str | bytes | None) -> dict[str, Any]:
-    """`decode_attrs`, done on first use (`sources.lazy_attrs`): loading a run decodes nothing."""
-    if not value:
-        return {}
-    if isinstance(value, str):
-        return LazyAttrs(value, decode_attrs)
-    return LazyAttrs(value if isinstance(value, bytes) else bytes(value), span_attrs)
-
-
 SPAN_COLUMNS = (
     "trace_id",
     "span_id",
@@ -166,16 +142,15 @@ class RunRows:
     meta: dict[str, Any]
     problems: list[str]
     processes: list[dict[str, Any]]
-    lanes: dict[str, list[SpanTuple]]  # lane id -> its spans in arrival order, each span once
+    # lane id -> its spans as the run type, in arrival order, each span once, links read
+    lanes: dict[str, list[Span]]
     unreadable: int = 0  # stored batches that could not be decoded (reported as a problem of the run)
-    # lanes with a span that may carry `starttrace.launched_by` (its bytes are in a stored batch);
-    # None: any lane may
-    linked_lanes: frozenset[str] | None = None
 
     @property
     def spans(self) -> list[tuple[Any, ...]]:
-        """Every span as one SPAN_COLUMNS row (tests and tools; the run type reads `lanes`)."""
-        return [(s[0], s[1], lane_id, *s[2:]) for lane_id, spans in self.lanes.items() for s in spans]
+        """Every span as one SPAN_COLUMNS row, its trace_id None (tests and tools; the run type
+        reads `lanes`)."""
+        return [(None, s.span_id, lane_id, *span_row(s)[2:]) for lane_id, spans in self.lanes.items() for s in spans]
 
 
 SCHEMA_VERSION = 4
@@ -189,10 +164,8 @@ _RUN_LANES = "SELECT id FROM lanes WHERE run_id = ?"
 _RUN_LANE_IDS = "SELECT id, lane_id FROM lanes WHERE run_id = ?"
 # in the lane index's order, sorted by seq in Python: an ORDER BY here copied every blob into a
 # temporary B-tree (four copies of the run's bytes, a quarter of `load_rows`)
-_RUN_BATCHES = (
-    "SELECT seq, lane, trace, spans, body FROM span_batches WHERE lane IN (SELECT id FROM lanes WHERE run_id = ?)"
-)
-_LAUNCHED_BY_B = b"starttrace.launched_by"
+_RUN_BATCHES = "SELECT seq, lane, trace, spans FROM span_batches WHERE lane IN (SELECT id FROM lanes WHERE run_id = ?)"
+_BATCH_BODY = "SELECT body FROM span_batches WHERE seq = ?"
 _SEQ = operator.itemgetter(0)
 _BATCH_INSERT = "INSERT INTO span_batches(lane, trace, spans, body) VALUES (?, ?, ?, ?)"
 
@@ -201,18 +174,9 @@ class SchemaError(RuntimeError):
     """The database file was written by an older, incompatible version of the store."""
 
 
-def _merge_copy(old: SpanTuple, new: SpanTuple) -> SpanTuple | None:
-    """A span stored already, arriving again: the span it becomes, or None when
-    the stored copy stands. The new copy wins if the stored one is in progress, or if both have
-    ended and they differ in end or attributes; start, `instant` and thread stay the first copy's."""
-    if old[6] or (not new[6] and (old[8] != new[8] or old[5] != new[5])):
-        return (old[0], old[1], new[2], new[3], old[4], new[5], new[6], old[7], new[8], new[9], old[10])
-    return None
-
-
 # WAL checkpoints (see Store.__init__): after this many seconds without ingest, or this many spans
 CHECKPOINT_IDLE_S = 0.5
-CHECKPOINT_SPANS = 250_000
+CHECKPOINT_SPANS = 500_000
 READER_CACHE_KIB = 8192  # each reader connection's SQLite page cache (the writer's: 128 MB)
 
 
@@ -317,6 +281,8 @@ class Store:
         self._local = threading.local()
         self._versions: dict[str, int] = {}
         self._trace_runs: dict[str, str] = {}
+        self._live = LiveReads()  # spans of runs being ingested, read as they are written (lane_reader)
+        self._moved_runs: set[str] = set()  # runs whose batches a write moved (_resolve_run)
         self._lane_ids: dict[tuple[str, str, str], int] = {}  # (run_id, lane_id, source) -> lanes.id
         self._trace_ids: dict[str, int] = {}  # trace id -> traces.id
         if self.path != ":memory:" and Path(self.path).exists():
@@ -511,6 +477,7 @@ class Store:
             conn.execute("DELETE FROM runs WHERE run_id = ?", (known,))
             self._versions.pop(known, None)
             self._trace_runs[trace_id] = run_id
+            self._moved_runs.update((known, run_id))  # their batches' order changed: no live reader
 
     def _write_batches(self, batches: list[IngestBatch]) -> None:
         # Long by design: one SQLite transaction: everything inside it must commit or roll back together.
@@ -518,7 +485,10 @@ class Store:
         now = time.time()
         stored: dict[str, int] = {}
         touched: dict[str, list[Any]] = {}  # run_id -> [trace_id, service, source, first, last]
-        pending: list[tuple[int, int, int, bytes]] = []  # span_batches rows: lane, trace, new spans, body
+        # span_batches rows (lane, trace, new spans, body), each with its run id and lane id
+        pending: list[tuple[int, int, int, bytes, str, str]] = []
+        versions: dict[str, int] = {}  # runs.version each touched run has after this write
+        self._moved_runs.clear()
         with self.write_lock:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -543,10 +513,10 @@ class Store:
                     for proc in batch.processes:
                         self._write_process(conn, proc, touched, stored, pending)
                 if pending:
-                    conn.executemany(_BATCH_INSERT, pending)
+                    conn.executemany(_BATCH_INSERT, [p[:4] for p in pending])
                 self._span_keys.trim()
                 for run_id, (trace_id, service, source, first, last) in touched.items():
-                    conn.execute(
+                    version = conn.execute(
                         "INSERT INTO runs(run_id, trace_id, service, source, first_ns, last_ns, created_at,"
                         " updated_at, version) VALUES (?,?,?,?,?,?,?,?,1) ON CONFLICT(run_id) DO UPDATE SET"
                         " trace_id = COALESCE(runs.trace_id, excluded.trace_id),"
@@ -557,10 +527,13 @@ class Store:
                         "   COALESCE(excluded.first_ns, runs.first_ns)),"
                         " last_ns = MAX(COALESCE(runs.last_ns, excluded.last_ns),"
                         "   COALESCE(excluded.last_ns, runs.last_ns)),"
-                        " updated_at = excluded.updated_at, version = runs.version + 1",
+                        " updated_at = excluded.updated_at, version = runs.version + 1 RETURNING version",
                         (run_id, trace_id, service, source, first, last, now, now),
-                    )
-                conn.execute("COMMIT")
+                    ).fetchall()
+                    versions[run_id] = int(version[0][0])
+                with self._live.lock:  # a load sees the commit together with what the live readers got of it
+                    conn.execute("COMMIT")
+                    self._feed_live(pending, versions)
             except BaseException:
                 conn.execute("ROLLBACK")
                 self._lane_ids.clear()  # ids created by the rolled-back transaction
@@ -581,6 +554,25 @@ class Store:
                 self.on_stored(source, n)
         if self.on_runs_written is not None and touched:
             self.on_runs_written(list(touched))
+
+    def _feed_live(self, pending: list[tuple[int, int, int, bytes, str, str]], versions: dict[str, int]) -> None:
+        """After a commit: a reader for each run this write created, and the batches written to the
+        readers of their runs (`lane_reader.LiveReads`). A failure here costs only the readers."""
+        live = self._live
+        try:
+            live.drop(self._moved_runs)
+            for run_id, version in versions.items():
+                if version == 1 and run_id not in self._moved_runs:
+                    live.begin(run_id)
+            for _lane_ref, trace, added, body, run_id, lane in pending:
+                reader = live.reader(run_id)
+                if reader is not None:
+                    reader.add(lane, trace, added, body)
+            live.committed(versions)
+        except Exception as exc:  # the runs are read back from the database instead
+            live.clear()
+            self.errors.append(f"reading spans alongside the writer: {type(exc).__name__}: {exc}")
+            del self.errors[:-20]
 
     def _lane_ref(self, conn: sqlite3.Connection, run_id: str, lane_id: str, source: str) -> int:
         """lanes.id of (run_id, lane_id, source), created if new (inside the writer's transaction)."""
@@ -643,7 +635,7 @@ class Store:
         proc: ProcessBatch,
         touched: dict[str, list[Any]],
         stored: dict[str, int],
-        pending: list[tuple[int, int, int, bytes]],
+        pending: list[tuple[int, int, int, bytes, str, str]],
     ) -> None:
         # Long by design: one process's rows inside the writer's transaction; the long part is one SQL upsert statement
         # and its parameters.
@@ -707,7 +699,7 @@ class Store:
             if run_groups:
                 lane_ref = self._lane_ref(conn, run_id, lane, proc.source)
                 for g in run_groups:
-                    self._span_batch(conn, g, lane_ref, pending)
+                    self._span_batch(conn, g, lane_ref, pending, run_id, lane)
                     n += len(g.span_ids)
                 first: int | None = min(g.first_ns for g in run_groups)
                 last: int | None = max(g.last_ns for g in run_groups)
@@ -726,10 +718,16 @@ class Store:
             stored[proc.source] = stored.get(proc.source, 0) + n
 
     def _span_batch(
-        self, conn: sqlite3.Connection, g: PackedSpans, lane_ref: int, pending: list[tuple[int, int, int, bytes]]
+        self,
+        conn: sqlite3.Connection,
+        g: PackedSpans,
+        lane_ref: int,
+        pending: list[tuple[int, int, int, bytes, str, str]],
+        run_id: str,
+        lane: str,
     ) -> None:
         """One process's spans of one trace as a packed row. A span stored already goes in again
-        for the reader's rule (`_merge_copy`), unless it is an in-progress copy of a span that has
+        for the reader's rule (`lane_reader.merge_copy`), unless it is an in-progress copy of a span that has
         ended (that copy never wins); it is not counted again. Spans all new (the common case) are
         checked and noted in C: no Python loop per span, the body stored as it came."""
         trace = self._trace_ids.get(g.trace_id)
@@ -758,10 +756,15 @@ class Store:
             if not kept:
                 return
             body = pack_spans(kept)
-        pending.append((lane_ref, trace, added, body))
+        pending.append((lane_ref, trace, added, body, run_id, lane))
         self._span_keys.added(added)
 
     # reads ---------------------------------------------------------------------------------
+    @property
+    def live_runs(self) -> list[str]:
+        """Runs whose spans are being read alongside the writer (`lane_reader.LiveReads`)."""
+        return self._live.runs
+
     def run_version(self, run_id: str) -> int | None:
         row = self._reader().execute("SELECT version FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return None if row is None else int(row[0])
@@ -849,16 +852,25 @@ class Store:
             names = [c.strip() for c in cols.split(",")]
             rows = conn.execute(f"SELECT {cols} FROM processes WHERE run_id = ?", (run_id,))
             procs = [dict(zip(names, r, strict=True)) for r in rows]
-            lane_names = dict(conn.execute(_RUN_LANE_IDS, (run_id,)).fetchall())
-            batches = conn.execute(_RUN_BATCHES, (run_id,)).fetchall()
-            batches.sort(key=_SEQ)  # arrival order (one row per batch: a few hundred)
             problems = [str(r[0]) for r in conn.execute("SELECT message FROM problems WHERE run_id = ?", (run_id,))]
+            reader = self._live.take(run_id, int(row[4]))  # read alongside the writer: nothing to read here
+            if reader is None:
+                reader = LaneReader()
+                lane_names = dict(conn.execute(_RUN_LANE_IDS, (run_id,)).fetchall())
+                batches = conn.execute(_RUN_BATCHES, (run_id,)).fetchall()
+                batches.sort(key=_SEQ)  # arrival order (one row per batch: a few hundred)
+                for seq, lane_ref, trace_ref, new_spans in batches:
+                    # each blob on its own: all at once were the largest block of fresh memory of a load
+                    body = conn.execute(_BATCH_BODY, (seq,)).fetchone()
+                    reader.add(
+                        lane_names.get(lane_ref, f"lane:{lane_ref}"), trace_ref, new_spans, body[0] if body else b""
+                    )
+            lanes, unreadable = reader.lanes(), reader.unreadable
         finally:
             conn.execute("COMMIT")
         for p in procs:
             for key in ("resource", "warnings", "preloaded"):
                 p[key] = json.loads(p[key]) if p[key] else ({} if key == "resource" else [])
-        lanes, unreadable, linked = _lane_spans(batches, lane_names)
         if unreadable:
             problems.append(f"{unreadable} stored span batch(es) of this run could not be read and were left out")
         return RunRows(
@@ -873,7 +885,6 @@ class Store:
             processes=procs,
             lanes=lanes,
             unreadable=unreadable,
-            linked_lanes=None if linked is None else frozenset(linked),
         )
 
     def save_view(self, run_id: str, kind: str, version: int, body: bytes) -> bool:
@@ -938,6 +949,8 @@ class Store:
                 self._lane_ids.clear()
                 self._iid_owners.clear()
                 self._span_keys.reset()
+        with self._live.lock:
+            self._live.drop(ids)
         self._unchecked_spans += len(ids)
         for rid in ids:
             self._versions.pop(rid, None)
@@ -959,107 +972,10 @@ class Store:
         return ids
 
 
-def _lane_spans(
-    batches: list[tuple[Any, ...]], lane_names: dict[int, str]
-) -> tuple[dict[str, list[SpanTuple]], int, set[str] | None]:
-    """The run's batches (seq, lanes.id, traces.id, new spans, body; in arrival order) as each
-    lane's spans, every span once: a later copy of a span is merged into the first one, where it
-    stands (`_merge_copy`). Returns the lanes, how many batches could not be read, and the lanes with
-    a batch that holds the bytes of `starttrace.launched_by` (a blob keeps each span's attribute
-    bytes or text as they are: one search per blob, not one per span; None: any lane may, when
-    such a batch's copy of a span was merged into another lane's).
-
-    A batch whose every span the writer counted as new to its trace (`span_batches.spans`, the
-    count a run's span total is summed from) repeats no span before it. Such batches are only
-    appended; the map of each span id's first copy is built for a trace when one of its batches
-    repeats a span, from the batches before it (most runs: never)."""
-    lanes: dict[str, list[SpanTuple]] = {}
-    linked: set[str] = set()
-    any_linked = False
-    unmapped: dict[int, list[tuple[list[SpanTuple], int, int]]] = {}  # trace -> (lane, first index, n) not in seen
-    seen: dict[int, dict[str, tuple[list[SpanTuple], int]]] = {}  # trace -> span id -> (lane, index)
-    unreadable = 0
-    for _seq, lane_ref, trace_ref, new_spans, body in batches:
-        try:
-            spans = unpack_spans(body)
-        except ValueError:
-            unreadable += 1
-            continue
-        lane_id = lane_names.get(lane_ref, f"lane:{lane_ref}")
-        out = lanes.get(lane_id)
-        if out is None:
-            out = lanes[lane_id] = []
-        marked = _LAUNCHED_BY_B in body
-        if marked:
-            linked.add(lane_id)
-        keys = seen.get(trace_ref)
-        if new_spans == len(spans):  # all new: appended (mapped only once the trace has a copy)
-            chunk = (out, len(out), len(spans))
-            out.extend(spans)
-            if keys is None:
-                unmapped.setdefault(trace_ref, []).append(chunk)
-            else:
-                keys.update(_first_copies([chunk]))
-            continue
-        if keys is None:
-            keys = seen[trace_ref] = _first_copies(unmapped.pop(trace_ref, ()))
-        for sp in spans:
-            first = keys.get(sp[1])
-            if first is None:
-                keys[sp[1]] = (out, len(out))
-                out.append(sp)
-            else:
-                chunk, i = first
-                merged = _merge_copy(chunk[i], sp)
-                if merged is not None:
-                    chunk[i] = merged
-                    if marked and chunk is not out:
-                        any_linked = True  # a copy from another lane's batch: every lane is searched
-    return lanes, unreadable, None if any_linked else linked
-
-
-def _first_copies(
-    chunks: Iterable[tuple[list[SpanTuple], int, int]],
-) -> dict[str, tuple[list[SpanTuple], int]]:
-    """Span id -> (lane, index) of the spans of these appended batches (lane, first index, count)."""
-    keys: dict[str, tuple[list[SpanTuple], int]] = {}
-    for out, at, n in chunks:
-        ids = [s[1] for s in out[at : at + n]]
-        keys.update(zip(ids, zip(itertools.repeat(out, n), range(at, at + n), strict=True), strict=True))
-    return keys
-
-
 def run_from_rows(rows: RunRows) -> Run:
     """Stored rows as the run type. The run's root spans (`startup` spans whose parent is not in
-    the run) are kept apart, as the journal reader does; a `starttrace.launched_by` attribute is
-    also a link."""
-    by_lane: dict[str, list[Span]] = {}
-    marker, text_marker = _LAUNCHED_BY_B, '"starttrace.launched_by"'
-    linked_lanes = rows.linked_lanes
-    for lane_id, lane_rows in rows.lanes.items():
-        linked = linked_lanes is None or lane_id in linked_lanes
-        if c_spans_from_rows is not None:  # the same loop in C (starttrace/_modelcore.c)
-            spans, marked = c_spans_from_rows(
-                lane_rows, Span, LazyAttrs, span_attrs, lazy_attrs, marker, text_marker, linked
-            )
-            by_lane[lane_id] = spans
-            for i in marked:
-                _launched_by_link(spans[i])
-            continue
-        spans = by_lane[lane_id] = []
-        append = spans.append
-        for r in lane_rows:  # SpanTuple
-            raw = r[8]
-            if type(raw) is bytes and raw:
-                attrs: dict[str, Any] = LazyAttrs(raw, span_attrs)
-            else:
-                attrs = lazy_attrs(raw)
-            in_progress = bool(r[6])
-            span = Span(r[1], r[2], r[3], r[4], r[5], attrs, r[9], r[10], bool(r[7]), in_progress)
-            # no attribute lookup for most spans
-            if linked and raw and (marker in raw if isinstance(raw, bytes) else text_marker in raw):
-                _launched_by_link(span)
-            append(span)
+    the run) are kept apart, as the journal reader does."""
+    by_lane = dict(rows.lanes)
     # roots: `startup` spans whose parent is not a span of the run; the run's span ids are looked
     # at only for the parents those spans name (a set of every id cost more than the rest of this)
     startups = {lane: got for lane, spans in by_lane.items() if (got := [s for s in spans if s.name == "startup"])}
@@ -1091,12 +1007,6 @@ def run_from_rows(rows: RunRows) -> Run:
         version=rows.version,
         updated_at=rows.updated_at,
     )
-
-
-def _launched_by_link(span: Span) -> None:
-    launched_by = span.attrs.get("starttrace.launched_by")
-    if isinstance(launched_by, str) and launched_by:
-        span.links.append(Link(launched_by, attrs={"starttrace.link": "launched_by"}))
 
 
 _START_NS = operator.attrgetter("start_ns")

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from starttrace.sources import lane_reader
 from starttrace.sources import store as store_module
 from starttrace.sources.otlp import decode
-from starttrace.sources.store import IngestBatch, ProcessBatch, SpanTuple, Store, decode_attrs
+from starttrace.sources.store import IngestBatch, ProcessBatch, SpanTuple, Store, decode_attrs, span_row
 
 
 def _span(i: int, end: int, in_progress: bool = False, attrs: dict | None = None) -> SpanTuple:
@@ -76,6 +77,8 @@ def test_unreadable_batch_is_reported_and_the_rest_kept(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE span_batches SET body = x'0badf00d' WHERE seq = 1")  # not marshal data
         conn.execute("UPDATE span_batches SET body = ? WHERE seq = 3", (marshal.dumps([("x",), 2]),))  # wrong shape
+    st.close()
+    st = Store(db)  # what the file holds (this writer's own live reader read the batches as written)
     rows = st.load_rows("r")
     assert rows is not None and rows.unreadable == 2
     assert [r[1] for r in rows.spans] == [f"{i:016x}" for i in range(5, 8)]
@@ -102,7 +105,7 @@ def _reference_lanes(rows: list[tuple[Any, ...]], lane_names: dict[int, str]) ->
                 keys[sp[1]] = (out, len(out))
                 out.append(sp)
             else:
-                merged = store_module._merge_copy(first[0][first[1]], sp)
+                merged = lane_reader.merge_copy(first[0][first[1]], sp)
                 if merged is not None:
                     first[0][first[1]] = merged
     return lanes
@@ -143,11 +146,59 @@ def test_lanes_read_as_with_a_map_of_every_span(tmp_path: Path, seed: int) -> No
         names = dict(conn.execute("SELECT id, lane_id FROM lanes").fetchall())
     assert any(n < len(marshal.loads(body)) for *_, n, body in rows)  # some batches repeat spans
     assert any(n == len(marshal.loads(body)) for *_, n, body in rows[1:])
-    got = st.load_rows("r")
-    assert got is not None
-    want = _reference_lanes(rows, names)
-    assert got.lanes == want
+    want = {k: [t[1:] for t in v] for k, v in _reference_lanes(rows, names).items()}
+    assert st.live_runs == ["r"]
+    live = st.load_rows("r")  # read alongside the writer
+    assert live is not None and st.live_runs == []
+    back = st.load_rows("r")  # read back from the database
+    # the run type's spans, as tuples: what the reference kept of each (its trace id aside)
+    for got in (live, back):
+        assert got is not None
+        assert {k: [span_row(s)[1:] for s in v] for k, v in got.lanes.items()} == want
     assert sum(map(len, want.values())) == st.count_spans("r")
+    st.close()
+
+
+def test_live_reader_taken_once_at_its_version(tmp_path: Path) -> None:
+    """A run the writer created is read as it is written; the first load at that version takes the
+    reader, and every later load (more spans written meanwhile) reads the database."""
+    st = Store(tmp_path / "s.db")
+    st.ingest_now(_batch([_span(i, 5000, in_progress=i == 2) for i in range(5)]))
+    st.ingest_now(_batch([_span(2, 6000), _span(7, 5000)]))  # a copy that ends span 2, and a new span
+    assert st.live_runs == ["r"]
+    first = st.load_rows("r")
+    assert first is not None and st.live_runs == []
+    assert [(s.span_id, s.end_ns, s.in_progress) for s in first.lanes["lane"]] == [
+        (f"{i:016x}", 6000 if i == 2 else 5000, False) for i in (0, 1, 2, 3, 4, 7)
+    ]
+    st.ingest_now(_batch([_span(8, 5000)]))
+    assert st.live_runs == []  # not a new run: no reader again
+    again = st.load_rows("r")
+    assert again is not None and [s.span_id for s in again.lanes["lane"]][-1] == f"{8:016x}"
+    assert again.spans[:-1] == first.spans
+    st.close()
+
+
+def test_live_readers_bounded_and_dropped_with_their_run(tmp_path: Path) -> None:
+    from starttrace.sources.lane_reader import LiveReads
+
+    st = Store(tmp_path / "s.db")
+    st._live = LiveReads(max_spans=6)  # a small bound, for the test
+
+    def run(rid: str, n: int) -> IngestBatch:
+        res = {"starttrace.run_id": rid, "service.instance.id": "lane"}
+        spans = [(f"{ord(rid):032x}", *_span(i, 5000)[1:]) for i in range(n)]
+        return IngestBatch(processes=[ProcessBatch(source="otlp", resource=res, spans=spans)])
+
+    st.ingest_now(run("a", 4))
+    st.ingest_now(run("b", 4))  # 8 spans held: the oldest reader goes
+    assert st.live_runs == ["b"]
+    st.ingest_now(run("c", 2))
+    assert st.live_runs == ["b", "c"]
+    st.delete_runs(["b"])
+    assert st.live_runs == ["c"]
+    a = st.load_rows("a")  # from the database
+    assert a is not None and len(a.lanes["lane"]) == 4
     st.close()
 
 
@@ -289,10 +340,10 @@ def test_idle_checkpoint_waits_while_a_model_is_built(tmp_path: Path) -> None:
 def rows_to_spans(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Rows become spans in C (`_modelcore.spans_from_rows`) and in Python."""
     if request.param == "c":
-        if store_module.c_spans_from_rows is None:
+        if lane_reader.c_spans_from_rows is None:
             pytest.skip("starttrace._modelcore is not built here")
     else:
-        monkeypatch.setattr(store_module, "c_spans_from_rows", None)
+        monkeypatch.setattr(lane_reader, "c_spans_from_rows", None)
     return str(request.param)
 
 
@@ -300,7 +351,7 @@ def test_rows_become_the_same_spans_in_c_and_python(tmp_path: Path, monkeypatch:
     """Every field of every span, and its attributes (bytes read lazily, JSON text, none at all)."""
     from starttrace.sources.store import run_from_rows
 
-    if store_module.c_spans_from_rows is None:
+    if lane_reader.c_spans_from_rows is None:
         pytest.skip("starttrace._modelcore is not built here")
     st = Store(tmp_path / "s.db")
     text = [_span(1, 2000, attrs={"starttrace.launched_by": "00000000000000aa"}), _span(2, 2000, in_progress=True)]
@@ -333,7 +384,7 @@ def test_rows_become_the_same_spans_in_c_and_python(tmp_path: Path, monkeypatch:
 
     in_c = spans()
     with monkeypatch.context() as m:
-        m.setattr(store_module, "c_spans_from_rows", None)
+        m.setattr(lane_reader, "c_spans_from_rows", None)
         assert spans() == in_c
     assert len(in_c) == 6 and {t[1].__name__ for t in in_c} == {"LazyAttrs", "dict"}
     st.close()
@@ -341,8 +392,8 @@ def test_rows_become_the_same_spans_in_c_and_python(tmp_path: Path, monkeypatch:
 
 def test_launched_by_links_found_per_lane(tmp_path: Path, rows_to_spans: str) -> None:
     """`starttrace.launched_by` becomes a link wherever it is, whether the attributes are JSON text
-    or OTLP bytes; the store searches each stored batch once, and only the spans of lanes whose
-    batches hold the key are looked at (`RunRows.linked_lanes`)."""
+    or OTLP bytes; the store searches each stored batch once, and only the spans of batches that
+    hold the key are looked at."""
     from starttrace.sources.store import run_from_rows
 
     st = Store(tmp_path / "s.db")
@@ -363,7 +414,7 @@ def test_launched_by_links_found_per_lane(tmp_path: Path, rows_to_spans: str) ->
     st.ingest_now(IngestBatch(processes=[lane("child", child), lane("other", [_span(3, 2000)])]))
     st.ingest_now(decode(req.SerializeToString()).batch)
     rows = st.load_rows("r")
-    assert rows is not None and rows.linked_lanes == {"child", "proto"}
+    assert rows is not None
     links = {s.span_id: [lk.span_id for lk in s.links] for p in run_from_rows(rows).processes for s in p.spans}
     assert links == {
         f"{1:016x}": ["00000000000000aa"],
@@ -376,8 +427,7 @@ def test_launched_by_links_found_per_lane(tmp_path: Path, rows_to_spans: str) ->
 
 def test_launched_by_in_a_copy_from_another_lane(tmp_path: Path, rows_to_spans: str) -> None:
     """A span first stored in progress in one lane, then ended in another lane's batch with a
-    `starttrace.launched_by`: the merged span keeps its first place and gets the link (every lane is
-    searched then, `linked_lanes` None)."""
+    `starttrace.launched_by`: the merged span keeps its first place and gets the link."""
     from starttrace.sources.store import run_from_rows
 
     st = Store(tmp_path / "s.db")
@@ -389,7 +439,7 @@ def test_launched_by_in_a_copy_from_another_lane(tmp_path: Path, rows_to_spans: 
     st.ingest_now(lane("first", [_span(1, 2000, in_progress=True)]))
     st.ingest_now(lane("later", [_span(1, 3000, attrs={"starttrace.launched_by": "00000000000000aa"})]))
     rows = st.load_rows("r")
-    assert rows is not None and rows.linked_lanes is None
+    assert rows is not None
     spans = {p.instance_id: p.spans for p in run_from_rows(rows).processes}
     assert [(s.span_id, s.end_ns, [lk.span_id for lk in s.links]) for s in spans["first"]] == [
         (f"{1:016x}", 3000, ["00000000000000aa"])

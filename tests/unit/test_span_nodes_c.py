@@ -365,3 +365,18 @@ def test_the_shared_empty_peeked_dict_stays_empty(tmp_path: Path, monkeypatch: p
     assert all(a.get("no.such.key") is None for a in lazy)
     assert phases == [dict(a).get(PHASE) for a in lazy] and "import" in phases
     assert LazyAttrs._nothing_peeked == {}
+
+
+def test_leaves_share_one_empty_children_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every leaf's `children` is SpanNode.NO_CHILDREN, in C and in Python; a parent has a list of
+    its own, and the shared one stays empty after every build."""
+    make = _stored(make_run(run_id="r", ranks=2, imports_per_rank=80, seed=9), tmp_path)
+    for in_c in (True, False):
+        model = _build(make, in_c, monkeypatch)
+        leaves = [n for n in model.spans if not n.children]
+        parents = [n for n in model.spans if n.children]
+        assert len(leaves) > 50 and len(parents) > 5
+        assert all(n.children is SpanNode.NO_CHILDREN for n in leaves)
+        assert len({id(n.children) for n in parents}) == len(parents)
+        assert all(c.parent_node is n for n in parents for c in n.children)
+        assert SpanNode.NO_CHILDREN == []
