@@ -39,9 +39,12 @@ from starttrace.sources import store as S
 from starttrace.sources.otlp import parse_and_decode
 from starttrace.views.startup_json import first_payload
 run = make_run(ranks=int(sys.argv[3]), imports_per_rank=int(sys.argv[4]), run_id="bench", seed=42)
-st = S.Store(os.path.join(tempfile.mkdtemp(), "b.db"))
+path = os.path.join(tempfile.mkdtemp(), "b.db")
+st = S.Store(path)
 for body in protobuf_batches(run, 4096):
     st.ingest_now(parse_and_decode(body, "application/x-protobuf").batch)
+st.close()
+st = S.Store(path)  # the run read back from the file (as after a restart), not the writer's live reader
 gc.disable()  # as the service loads and builds (starttrace.run.gc_paused)
 pid = str(os.getpid())
 def control(*args):

@@ -270,9 +270,12 @@ from starttrace.sources.otlp import parse_and_decode
 from starttrace.sources import store as S
 from starttrace.analysis.lanes import build_model
 run = make_run(ranks=int(sys.argv[2]), imports_per_rank=int(sys.argv[3]), run_id="bench", seed=42)
-st = S.Store(os.path.join(tempfile.mkdtemp(), "b.db"))
+path = os.path.join(tempfile.mkdtemp(), "b.db")
+st = S.Store(path)
 for body in protobuf_batches(run, 4096):
     st.ingest_now(parse_and_decode(body, "application/x-protobuf").batch)
+st.close()
+st = S.Store(path)  # the run read back from the file (as after a restart), not the writer's live reader
 out = {}
 def step(name, f):
     c = time.process_time(); v = f(); out[name] = time.process_time() - c; return v
