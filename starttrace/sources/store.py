@@ -279,7 +279,6 @@ class Store:
         self._queued_lock = threading.Lock()
         self.write_lock = threading.Lock()  # held by the writer while it writes (tests hold it to stall it)
         self._local = threading.local()
-        self._versions: dict[str, int] = {}
         self._trace_runs: dict[str, str] = {}
         self._live = LiveReads()  # spans of runs being ingested, read as they are written (lane_reader)
         self._moved_runs: set[str] = set()  # runs whose batches a write moved (_resolve_run)
@@ -475,7 +474,6 @@ class Store:
             conn.execute("UPDATE OR IGNORE processes SET run_id = ? WHERE run_id = ?", (run_id, known))
             conn.execute("DELETE FROM processes WHERE run_id = ?", (known,))
             conn.execute("DELETE FROM runs WHERE run_id = ?", (known,))
-            self._versions.pop(known, None)
             self._trace_runs[trace_id] = run_id
             self._moved_runs.update((known, run_id))  # their batches' order changed: no live reader
 
@@ -545,8 +543,6 @@ class Store:
                 with self._queued_lock:
                     self._queued_spans = max(0, self._queued_spans - sum(b.span_count() for b in batches))
         self._unchecked_spans += sum(stored.values()) + 1
-        for run_id in touched:
-            self._versions[run_id] = self._versions.get(run_id, 0) + 1
         if self._thread is None and self._unchecked_spans >= CHECKPOINT_SPANS:
             self._checkpoint()  # no writer thread (synchronous use): checkpoint here
         if self.on_stored is not None:
@@ -953,7 +949,6 @@ class Store:
             self._live.drop(ids)
         self._unchecked_spans += len(ids)
         for rid in ids:
-            self._versions.pop(rid, None)
             for t, r in list(self._trace_runs.items()):
                 if r == rid:
                     del self._trace_runs[t]
