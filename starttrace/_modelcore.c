@@ -2288,127 +2288,6 @@ done:
     return result;
 }
 
-/* ---- huge_page_arenas: the service's Python objects on transparent huge pages --------------- */
-
-/* A cold model build allocates ~500 bytes of new Python objects per span (240 MB for 384k spans),
-   and on a VM whose freed memory goes back to the host (free page reporting) the first touch of
-   each such 4 KiB page costs ~11 us: ~0.6 s of a 64-rank run's first answer (docs/benchmarks.md).
-   On transparent huge pages the kernel takes one fault per 2 MiB. So the service hands pymalloc's
-   arenas out of 2 MiB-aligned 32 MiB chunks marked MADV_HUGEPAGE, one after the other (the end of
-   a chunk too short for the next arena is left untouched: it costs no memory). An arena pymalloc
-   frees is unmapped, as the default allocator does: its pages go back to the system, and a chunk is
-   gone once all its arenas are. Arenas of the allocator installed before (those made
-   before this one was) go back to it. Arenas are allocated and freed with the GIL held: no lock. */
-
-#include <sys/mman.h>
-
-#define HUGE_ALIGN ((size_t)2 << 20)
-#define HUGE_CHUNK ((size_t)32 << 20)
-/* pymalloc's arenas (1 MiB since 3.10 on 64 bits, 256 KiB before); smaller requests through the
-   same allocator (a thread's frame stack, 16 KiB) and larger ones go to the previous allocator */
-#define HUGE_MIN ((size_t)256 << 10)
-#define HUGE_MAX ((size_t)4 << 20)
-
-typedef struct {
-    char *start;
-    size_t live; /* arenas handed out of it and not freed */
-} HugeChunk;
-
-static PyObjectArenaAllocator huge_previous;
-static int huge_installed = 0;
-static HugeChunk *huge_chunks = NULL; /* the chunks with live arenas, and the current one */
-static Py_ssize_t huge_count = 0, huge_capacity = 0, huge_current = -1;
-static char *huge_next = NULL, *huge_end = NULL; /* what is left of the current chunk */
-
-static int
-huge_new_chunk(void)
-{
-    Py_ssize_t slot = huge_current;
-    if (slot < 0 || huge_chunks[slot].live > 0) { /* the current one stays while it has arenas */
-        if (huge_count == huge_capacity) {
-            Py_ssize_t capacity = huge_capacity ? 2 * huge_capacity : 16;
-            HugeChunk *grown = PyMem_RawRealloc(huge_chunks, (size_t)capacity * sizeof(HugeChunk));
-            if (grown == NULL) {
-                return -1;
-            }
-            huge_chunks = grown;
-            huge_capacity = capacity;
-        }
-        slot = huge_count;
-    }
-    char *raw = mmap(NULL, HUGE_CHUNK + HUGE_ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) {
-        return -1;
-    }
-    char *start = (char *)(((uintptr_t)raw + HUGE_ALIGN - 1) & ~(uintptr_t)(HUGE_ALIGN - 1));
-    if (start > raw) {
-        munmap(raw, (size_t)(start - raw));
-    }
-    munmap(start + HUGE_CHUNK, (size_t)(raw + HUGE_ALIGN - start)); /* the rest after the chunk */
-    (void)madvise(start, HUGE_CHUNK, MADV_HUGEPAGE); /* a kernel without THP: plain pages, as before */
-    if (slot == huge_count) {
-        huge_count++;
-    }
-    huge_chunks[slot] = (HugeChunk){start, 0};
-    huge_current = slot;
-    huge_next = start;
-    huge_end = start + HUGE_CHUNK;
-    return 0;
-}
-
-static void *
-huge_arena_alloc(void *ctx, size_t size)
-{
-    (void)ctx;
-    if (size < HUGE_MIN || size > HUGE_MAX || size % 4096 != 0) { /* a frame stack's chunk, say */
-        return huge_previous.alloc(huge_previous.ctx, size);
-    }
-    if ((size_t)(huge_end - huge_next) < size && huge_new_chunk() < 0) {
-        return huge_previous.alloc(huge_previous.ctx, size);
-    }
-    void *arena = huge_next;
-    huge_next += size;
-    huge_chunks[huge_current].live++;
-    return arena;
-}
-
-static void
-huge_arena_free(void *ctx, void *ptr, size_t size)
-{
-    (void)ctx;
-    char *p = ptr;
-    for (Py_ssize_t i = 0; i < huge_count; i++) {
-        HugeChunk *chunk = &huge_chunks[i];
-        if (p < chunk->start || p >= chunk->start + HUGE_CHUNK) {
-            continue;
-        }
-        munmap(ptr, size);
-        if (--chunk->live == 0 && i != huge_current) { /* every arena of it freed: it is gone */
-            Py_ssize_t last = --huge_count;
-            huge_chunks[i] = huge_chunks[last];
-            if (huge_current == last) {
-                huge_current = i;
-            }
-        }
-        return;
-    }
-    huge_previous.free(huge_previous.ctx, ptr, size);
-}
-
-static PyObject *
-huge_page_arenas(PyObject *self, PyObject *noargs)
-{
-    (void)self;
-    (void)noargs;
-    if (!huge_installed) {
-        PyObject_GetArenaAllocator(&huge_previous);
-        PyObjectArenaAllocator mine = {NULL, huge_arena_alloc, huge_arena_free};
-        PyObject_SetArenaAllocator(&mine);
-        huge_installed = 1;
-    }
-    Py_RETURN_TRUE;
-}
-
 static PyMethodDef modelcore_methods[] = {
     {"peek_attrs", peek_attrs, METH_VARARGS,
      "peek_attrs(raw, patterns, missing, unknown): per pattern, the short string value after it, or missing or unknown."},
@@ -2436,8 +2315,6 @@ static PyMethodDef modelcore_methods[] = {
      "phase_intervals(work, node_type, low, high): ({phase: union ns}, covered intervals), or None."},
     {"set_durations", set_durations, METH_VARARGS,
      "set_durations(nodes, node_type, t_eff): every node's eff_end and duration."},
-    {"huge_page_arenas", huge_page_arenas, METH_NOARGS,
-     "huge_page_arenas(): pymalloc's arenas from now on out of MADV_HUGEPAGE chunks; whether installed."},
     {NULL, NULL, 0, NULL},
 };
 

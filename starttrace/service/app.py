@@ -27,7 +27,6 @@ from fastapi.staticfiles import StaticFiles
 from starttrace.analysis.compare import compare
 from starttrace.analysis.detail import DEFAULT_IMPORT_BUDGET
 from starttrace.analysis.model import RunModel
-from starttrace.service import model_memory
 from starttrace.service.decoder import Decoder
 from starttrace.service.model_cache import ModelCache
 from starttrace.service.otlp_receiver import DEFAULT_MAX_BODY, handle_traces
@@ -263,7 +262,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "queued_spans": store.queued_spans,
             "store_errors": store.errors[-5:],
             "models_pending": cache.pending,
-            "huge_page_arenas": model_memory.huge_page_arenas,
             "model_errors": cache.errors[-5:],
             "journal_errors": watcher.errors[-5:] if watcher else [],
             "decoder": decoder.state,

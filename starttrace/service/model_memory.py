@@ -15,24 +15,15 @@ A freeze also keeps whatever cyclic garbage the process had at that moment (the 
 paused during the build, for every thread): so once the service has built nothing for
 `IDLE_COLLECT_S`, the heap is unfrozen, collected once and frozen again (`collect_if_idle`), and
 that garbage is freed at a moment when nobody waits for an answer.
-
-The service's Python objects live on transparent huge pages where the kernel has them
-(`use_huge_page_arenas`, called by `starttrace serve`): a cold build of a 384k-span model touches
-~240 MB of new memory, and on a VM that returns freed memory to its host every new 4 KiB page
-costs a fault of ~11 us; on 2 MiB pages the build's first answer came ~15 % sooner
-(docs/benchmarks.md, "Huge pages for the service's objects").
 """
 
 from __future__ import annotations
 
 import gc
-import os
 import sys
 import threading
 import time
 from collections import deque
-from pathlib import Path
-from typing import Any
 
 from starttrace.analysis.model import RunModel
 
@@ -41,31 +32,6 @@ IDLE_COLLECT_S = 60.0  # no build for this long after a freeze: one full collect
 # references to a retired model nobody else holds, once `release` took it off the list: its own
 # variable and the argument of sys.getrefcount
 _UNREFERENCED = 2
-THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-
-huge_page_arenas = False  # whether this process's pymalloc arenas come from huge-page chunks (/healthz)
-
-
-def use_huge_page_arenas(environ: Any = None, setting: Path = THP_SETTING) -> bool:
-    """From now on, this process's Python objects on transparent huge pages (`_modelcore.c`,
-    `huge_page_arenas`), unless STARTTRACE_HUGE_PAGES is 0/false/off/no, the kernel has THP set to
-    `never` (or none at all), or the C core is not built. For the service's own process, never a
-    traced program's. Whether they are."""
-    global huge_page_arenas
-    raw = (os.environ if environ is None else environ).get("STARTTRACE_HUGE_PAGES", "").strip().lower()
-    if raw in ("0", "false", "off", "no"):
-        return huge_page_arenas
-    try:
-        if "[never]" in setting.read_text():
-            return huge_page_arenas
-    except OSError:  # no THP in this kernel
-        return huge_page_arenas
-    try:
-        from starttrace._modelcore import huge_page_arenas as install  # type: ignore[import-not-found]
-    except ImportError:
-        return huge_page_arenas
-    huge_page_arenas = bool(install())
-    return huge_page_arenas
 
 
 class FrozenModels:

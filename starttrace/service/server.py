@@ -26,9 +26,6 @@ def serve(
     """
     import uvicorn
 
-    from starttrace.service.model_memory import use_huge_page_arenas
-
-    use_huge_page_arenas()  # the models' objects on huge pages (service/model_memory.py)
     if token is None:
         token = os.environ.get("STARTTRACE_TOKEN") or None
     settings = Settings(
