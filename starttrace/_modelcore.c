@@ -1236,6 +1236,56 @@ done:
     return result;
 }
 
+/* findings.common.paid_modules: the modules of every import under `roots` (themselves included),
+   one set for all of them: what a rank paid for, counted once per rank by the preload findings
+   (a frozenset per root, then their union, built each module's entry twice). */
+static PyObject *
+paid_modules_c(PyObject *module, PyObject *args)
+{
+    PyObject *roots, *node_type;
+    if (!PyArg_ParseTuple(args, "O!O:paid_modules", &PyList_Type, &roots, &node_type)) {
+        return NULL;
+    }
+    NodeSlots *t = node_slots(node_type);
+    if (t == NULL) {
+        return NULL;
+    }
+    PyObject *mods = PySet_New(NULL);
+    Stack st = {NULL, 0, 0};
+    if (mods == NULL || (st.items = PyMem_Malloc(sizeof(PyObject *) * 16)) == NULL) {
+        Py_XDECREF(mods);
+        return mods == NULL ? NULL : PyErr_NoMemory();
+    }
+    st.cap = 16;
+    if (stack_push_all(&st, roots) < 0) {
+        goto fail;
+    }
+    while (st.size > 0) {
+        PyObject *n = st.items[--st.size];
+        PyObject *mod = Py_IS_TYPE(n, t->type) ? node_slot(n, t->module, "module") : NULL;
+        if (mod == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_SetString(PyExc_TypeError, "paid_modules: not a span node");
+            }
+            goto fail;
+        }
+        int truth = PyObject_IsTrue(mod);
+        if (truth < 0 || (truth && PySet_Add(mods, mod) < 0)) {
+            goto fail;
+        }
+        PyObject *inner = imports_of(t, n);
+        if (inner == NULL || stack_push_all(&st, inner) < 0) {
+            goto fail;
+        }
+    }
+    PyMem_Free(st.items);
+    return mods;
+fail:
+    PyMem_Free(st.items);
+    Py_DECREF(mods);
+    return NULL;
+}
+
 /* findings.common.top_imports over a lane's spans: imports no other import of the lane encloses
    (completed, started before `until` unless it is None). */
 static PyObject *
@@ -2304,6 +2354,7 @@ static PyMethodDef modelcore_methods[] = {
     {"import_children", import_children_c, METH_VARARGS, "import_children(node, node_type): findings.common's."},
     {"subtree_modules", subtree_modules_c, METH_VARARGS, "subtree_modules(node, memo, node_type): findings.common's."},
     {"top_imports", top_imports_c, METH_VARARGS, "top_imports(spans, until, node_type): findings.common's."},
+    {"paid_modules", paid_modules_c, METH_VARARGS, "paid_modules(roots, node_type): findings.common's."},
     {"covered_nodes", covered_nodes_c, METH_VARARGS, "covered_nodes(roots, covered, node_type): findings.preload's walk."},
     {"step_candidates", step_candidates, METH_VARARGS,
      "step_candidates(spans, proc, node_type, structural): critical_path._candidates of one lane, or None."},

@@ -29,7 +29,14 @@ from starttrace.views.json import to_json
 
 PHASE, MODULE, SELF_US = HOT_KEYS
 NOW = 1_800_000_000_000_000_000
-C_WALKS = ("c_import_children", "c_subtree_modules", "c_top_imports", "c_covered_nodes", "c_pick_walk")
+C_WALKS = (
+    "c_import_children",
+    "c_subtree_modules",
+    "c_top_imports",
+    "c_covered_nodes",
+    "c_pick_walk",
+    "c_paid_modules",
+)
 pytestmark = pytest.mark.skipif(lanes.c_span_nodes is None, reason="starttrace._modelcore is not built here")
 
 
@@ -192,8 +199,8 @@ def test_a_span_name_that_is_not_a_string_is_refused_in_c() -> None:
 
 
 def test_the_import_tree_walks_match(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`import_children`, `subtree_modules`, `top_imports`, `covered_nodes` (what the `preload`
-    findings walk) in C and in Python, on every node of a run with parent cycles."""
+    """`import_children`, `subtree_modules`, `top_imports`, `covered_nodes`, `paid_modules` (what
+    the `preload` findings walk) in C and in Python, on every node of a run with parent cycles."""
     if common.c_top_imports is None:
         pytest.skip("starttrace._modelcore is not built here")
 
@@ -210,6 +217,12 @@ def test_the_import_tree_walks_match(monkeypatch: pytest.MonkeyPatch) -> None:
             for lane in model.lanes:
                 out += [ids(common.top_imports(lane)), ids(common.top_imports(lane, lane.start + 12))]
                 out.append(ids(covered_nodes(lane, {"cyc.inner", "os", "again"})))
+                tops = common.top_imports(lane)
+                paid = common.paid_modules(tops)
+                assert type(paid) is set
+                assert paid == set().union(*(common.subtree_modules(n, {}) for n in tops))  # its definition
+                out.append(sorted(paid))
+            out.append(sorted(common.paid_modules(model.spans)))  # roots nested in each other: no matter
         return out
 
     assert walks(python=False) == walks(python=True)

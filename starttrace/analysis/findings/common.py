@@ -16,9 +16,9 @@ try:  # the import-tree walks in C (starttrace/_modelcore.c, built at install wh
 
     c_import_children, c_subtree_modules = _modelcore.import_children, _modelcore.subtree_modules
     c_top_imports, c_covered_nodes = _modelcore.top_imports, _modelcore.covered_nodes
-    c_pick_walk = _modelcore.pick_walk
+    c_pick_walk, c_paid_modules = _modelcore.pick_walk, _modelcore.paid_modules
 except ImportError:
-    c_import_children = c_subtree_modules = c_top_imports = c_covered_nodes = c_pick_walk = None
+    c_import_children = c_subtree_modules = c_top_imports = c_covered_nodes = c_pick_walk = c_paid_modules = None
 WAIT_NAMES = ("barrier", "all_reduce", "allreduce", "all_gather", "broadcast", "collective", "wait_for")
 
 
@@ -150,6 +150,21 @@ def subtree_modules(node: SpanNode, memo: dict[str, frozenset[str]]) -> frozense
     result = frozenset(mods)
     memo[node.id] = result
     return result
+
+
+def paid_modules(roots: list[SpanNode]) -> set[str]:
+    """Modules loaded by the imports `roots` (themselves and every import inside them), in one set:
+    the union of their `subtree_modules`, without a set per root."""
+    if c_paid_modules is not None:
+        return c_paid_modules(roots, SpanNode)  # type: ignore[no-any-return]
+    mods: set[str] = set()
+    stack = list(roots)
+    while stack:
+        n = stack.pop()
+        if n.module:
+            mods.add(n.module)
+        stack.extend(import_children(n))
+    return mods
 
 
 def preload_list(lane: Lane) -> list[str]:

@@ -33,6 +33,7 @@ from starttrace.analysis.findings.common import (
     launcher_lane,
     main_modules,
     module_list,
+    paid_modules,
     preload_list,
     preload_span,
     s,
@@ -105,10 +106,7 @@ def covering(model: RunModel, group: Group, tainted: dict[str, tuple[Lane, list[
     tops = {ln.index: top_imports(ln, cutoff_ns(model, ln)) for ln in group.lanes}
     count: Counter[str] = Counter()
     for roots in tops.values():
-        paid: set[str] = set()
-        for n in roots:
-            paid |= subtree_modules(n, memo)
-        count.update(paid)
+        count.update(paid_modules(roots))
     held = forkserver_modules(group.launcher) if group.method == "forkserver" and group.launcher else set()
 
     # the candidates, decided once per module (the walk below asks for every import span)
@@ -124,8 +122,10 @@ def covering(model: RunModel, group: Group, tainted: dict[str, tuple[Lane, list[
     }
     picks: dict[str, list[SpanNode]] = {}
     refused: dict[str, str] = {}
+    flagged = {mod for mod in tainted if count[mod] >= MIN_RANKS}
+    if not allowed and not flagged:  # no module two ranks paid for: nothing to pick or refuse
+        return _keep(group, picks, memo, refused, {})
     if common.c_pick_walk is not None:  # the same walk in C
-        flagged = {mod for mod in tainted if count[mod] >= MIN_RANKS}
         for roots in tops.values():
             picked, noted = common.c_pick_walk(roots, allowed, flagged, SpanNode)
             for n in picked:
@@ -142,7 +142,7 @@ def covering(model: RunModel, group: Group, tainted: dict[str, tuple[Lane, list[
             if mod in allowed and not n.error:
                 picks.setdefault(mod, []).append(n)
                 continue
-            if mod in tainted and count[mod] >= MIN_RANKS and mod not in refused:
+            if mod in flagged and mod not in refused:
                 refused[mod] = _refusal(tainted[mod])
             stack.extend(import_children(n))
     return _keep(group, picks, memo, refused, {ln.index: cutoff_ns(model, ln) for ln in group.lanes})
@@ -179,7 +179,8 @@ def _keep(
             covered |= subtree_modules(n, memo)
     per_lane: dict[int, int] = {}
     for lane in group.lanes:
-        per_lane[lane.index] = sum(n.duration for n in covered_nodes(lane, covered, lane_until.get(lane.index)))
+        found = covered_nodes(lane, covered, lane_until.get(lane.index)) if covered else []
+        per_lane[lane.index] = sum(n.duration for n in found)
     ranks_of = {mod: sorted({n.lane for n in nodes}) for mod, nodes in picks.items()}
     return Covering(kept, small, per_lane, ranks_of, total, refused)
 
