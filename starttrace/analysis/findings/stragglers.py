@@ -15,12 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from starttrace.analysis.findings.common import finding, is_wait, s, short_name
-from starttrace.analysis.model import Lane, RunModel, SpanNode
+from starttrace.analysis.model import Lane, RunModel, SpanNode, select
 
-SKIP_PHASES = frozenset(
-    {"process", "startup", "import", "interpreter", "bootstrap", "fork", "launch", "other", "idle"}
-    | {"forkserver", "forkserver_preload"}
-)
+# a tuple, as `select` takes it; imports (most spans) first
+SKIP_PHASES = ("import", "process", "startup", "interpreter", "bootstrap", "fork", "launch", "other", "idle")
+SKIP_PHASES += ("forkserver", "forkserver_preload")
 MIN_SPREAD_S = 0.1
 MIN_SHARE = 0.02  # of the run's startup
 MAX_FINDINGS = 6
@@ -35,7 +34,7 @@ def straggler_findings(model: RunModel) -> list[dict[str, Any]]:
     by_phase: dict[int, dict[str, list[SpanNode]]] = {}
     for ln in ranks:
         lane_phases = by_phase[ln.index] = {}
-        for n in ln.spans:
+        for n in select(ln.spans, SKIP_PHASES, keep=False):  # in C: a rank's imports are most of its spans
             if not n.instant:
                 got = lane_phases.get(n.phase)
                 if got is None:
