@@ -1,11 +1,13 @@
 """The first answer right after a bulk ingest, source trees side by side, alternated per repetition.
 
-    .venv/bin/python benchmarks/ab_first_answer.py [--repeat 4] [--ranks 64] [--nodes 8] TREE [TREE ...]
+    .venv/bin/python benchmarks/ab_first_answer.py [--repeat 4] [--ranks 64] [--nodes 8] [--shared-modules]
+        TREE [TREE ...]
         # e.g. /tmp/base (`git archive <rev> | tar -x -C /tmp/base`, its C cores built) and .
 
 What `bench_service.py` measures as "first GET /startup/{run} right after ingest", alone, several
 times: a fresh service per measurement (its `Server`), the 64 x 6000 run on 8 nodes
-(`tests/synth_multinode.py`) ingested as there, then one `GET /startup/bench`. Besides the wall
+(`tests/synth_multinode.py`; `--shared-modules`: every rank imports the same modules, as real
+ranks do) ingested as there, then one `GET /startup/bench`. Besides the wall
 time it prints what the service process spent until that answer, from /proc: user and system CPU
 seconds, minor page faults, and its memory on huge pages (`AnonHugePages`). One measurement swings
 by +-25 % on this VM: the build touches ~500 MB of new memory, and what a page fault costs depends
@@ -74,11 +76,13 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=64)
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--spans-per-rank", type=int, default=6000)
+    parser.add_argument("--shared-modules", action="store_true")
     args = parser.parse_args()
     variants = [(str(tree), tree.resolve()) for tree in args.trees]
     run = bench_service.make_multinode_run(
-        args.nodes, args.ranks // args.nodes, args.spans_per_rank, run_id="bench", seed=42
-    )
+        args.nodes, args.ranks // args.nodes, args.spans_per_rank, run_id="bench", seed=42,
+        shared_modules=args.shared_modules,
+    )  # fmt: skip
     bodies = bench_service.protobuf_batches(run, 512)
     print(f"{run.span_count:,} spans ({args.ranks} ranks on {args.nodes} nodes), {len(bodies)} requests, 4 clients")
     results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in variants}

@@ -33,9 +33,12 @@ def make_multinode_run(
     nnodes_claimed: int | None = None,
     barrier: bool = True,
     ntp: dict[str, Any] | None = None,
+    shared_modules: bool = False,
 ) -> SRun:
     """`rendezvous[n]`: the endpoint node n names (default: the same for all); `nnodes_claimed`:
-    the node count the agents name (default: `nodes`); `barrier=False`: no collective at all."""
+    the node count the agents name (default: `nodes`); `barrier=False`: no collective at all;
+    `shared_modules`: every rank imports the same tree of modules (`pkg...`, the same shape and
+    times), as real ranks do, instead of a tree of its own (`r<rank>...`)."""
     rng = random.Random(seed)
     trace_id = "%032x" % rng.getrandbits(128)
     run = SRun(run_id or f"synth-mn-{seed}", trace_id, [])
@@ -103,7 +106,10 @@ def make_multinode_run(
             w0 = launch_at + local * MS + MS
             wproc = w.span("process", launch, w0, w0, **{"starttrace.phase": "process"})
             w.span("python.init", wproc, w0, w0 + 40 * MS, **{"starttrace.phase": "interpreter"})
-            wt = _imports(w, wproc, w0 + 41 * MS, imports_per_rank, f"r{rank}", rng)
+            if shared_modules:
+                wt = _imports(w, wproc, w0 + 41 * MS, imports_per_rank, "pkg", random.Random(seed))
+            else:
+                wt = _imports(w, wproc, w0 + 41 * MS, imports_per_rank, f"r{rank}", rng)
             init_end = min(wt + 50 * MS, barrier_exit + skew - 20 * MS)
             w.span("dist.init", wproc, wt, max(wt + MS, init_end), **{"starttrace.phase": "dist_init"})
             wt = max(wt + MS, init_end)
