@@ -2338,6 +2338,55 @@ done:
     return result;
 }
 
+/* findings.preload.FastestImports' pass: over import nodes, the shortest duration of each module
+   among the completed imports without an error ({module: duration}). */
+static PyObject *
+fastest_imports_c(PyObject *module, PyObject *args)
+{
+    PyObject *nodes, *node_type;
+    if (!PyArg_ParseTuple(args, "O!O:fastest_imports", &PyList_Type, &nodes, &node_type)) {
+        return NULL;
+    }
+    NodeSlots *t = node_slots(node_type);
+    PyObject *best = t == NULL ? NULL : PyDict_New();
+    if (best == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(nodes); i++) {
+        PyObject *n = PyList_GET_ITEM(nodes, i);
+        if (!Py_IS_TYPE(n, t->type) || SLOT(n, t->in_progress) == NULL || SLOT(n, t->error) == NULL ||
+            SLOT(n, t->module) == NULL || SLOT(n, t->duration) == NULL) {
+            PyErr_SetString(PyExc_TypeError, "fastest_imports: nodes must be built span nodes");
+            goto fail;
+        }
+        int open = PyObject_IsTrue(SLOT(n, t->in_progress));
+        int error = open ? 0 : PyObject_IsTrue(SLOT(n, t->error));
+        if (open < 0 || error < 0) {
+            goto fail;
+        }
+        if (open || error) {
+            continue;
+        }
+        PyObject *mod = SLOT(n, t->module), *duration = SLOT(n, t->duration);
+        PyObject *old = PyDict_GetItemWithError(best, mod);
+        if (old == NULL && PyErr_Occurred()) {
+            goto fail;
+        }
+        int shorter = 1;
+        if (old != NULL) {
+            long long a, b;
+            shorter = plain_ll(duration, &a) && plain_ll(old, &b) ? a < b : PyObject_RichCompareBool(duration, old, Py_LT);
+        }
+        if (shorter < 0 || (shorter && PyDict_SetItem(best, mod, duration) < 0)) {
+            goto fail;
+        }
+    }
+    return best;
+fail:
+    Py_DECREF(best);
+    return NULL;
+}
+
 static PyMethodDef modelcore_methods[] = {
     {"peek_attrs", peek_attrs, METH_VARARGS,
      "peek_attrs(raw, patterns, missing, unknown): per pattern, the short string value after it, or missing or unknown."},
@@ -2355,6 +2404,8 @@ static PyMethodDef modelcore_methods[] = {
     {"subtree_modules", subtree_modules_c, METH_VARARGS, "subtree_modules(node, memo, node_type): findings.common's."},
     {"top_imports", top_imports_c, METH_VARARGS, "top_imports(spans, until, node_type): findings.common's."},
     {"paid_modules", paid_modules_c, METH_VARARGS, "paid_modules(roots, node_type): findings.common's."},
+    {"fastest_imports", fastest_imports_c, METH_VARARGS,
+     "fastest_imports(import_nodes, node_type): findings.preload.FastestImports' {module: shortest duration}."},
     {"covered_nodes", covered_nodes_c, METH_VARARGS, "covered_nodes(roots, covered, node_type): findings.preload's walk."},
     {"step_candidates", step_candidates, METH_VARARGS,
      "step_candidates(spans, proc, node_type, structural): critical_path._candidates of one lane, or None."},

@@ -18,7 +18,7 @@ from starttrace import run as run_module
 from starttrace.analysis import critical_path, lanes
 from starttrace.analysis import model as model_module
 from starttrace.analysis.findings import common
-from starttrace.analysis.findings.preload import covered_nodes
+from starttrace.analysis.findings.preload import FastestImports, covered_nodes
 from starttrace.analysis.lanes import build_model
 from starttrace.analysis.model import RunModel, SpanNode
 from starttrace.run import Process, Run, Span
@@ -36,6 +36,7 @@ C_WALKS = (
     "c_covered_nodes",
     "c_pick_walk",
     "c_paid_modules",
+    "c_fastest_imports",
 )
 pytestmark = pytest.mark.skipif(lanes.c_span_nodes is None, reason="starttrace._modelcore is not built here")
 
@@ -223,6 +224,9 @@ def test_the_import_tree_walks_match(monkeypatch: pytest.MonkeyPatch) -> None:
                 assert paid == set().union(*(common.subtree_modules(n, {}) for n in tops))  # its definition
                 out.append(sorted(paid))
             out.append(sorted(common.paid_modules(model.spans)))  # roots nested in each other: no matter
+            fastest = FastestImports(model)
+            out.append(fastest.total(["cyc", "cyc.inner"]))
+            out.append(sorted((str(k), v) for k, v in (fastest._best or {}).items()))
         return out
 
     assert walks(python=False) == walks(python=True)

@@ -17,8 +17,10 @@ try:  # the import-tree walks in C (starttrace/_modelcore.c, built at install wh
     c_import_children, c_subtree_modules = _modelcore.import_children, _modelcore.subtree_modules
     c_top_imports, c_covered_nodes = _modelcore.top_imports, _modelcore.covered_nodes
     c_pick_walk, c_paid_modules = _modelcore.pick_walk, _modelcore.paid_modules
+    c_fastest_imports = _modelcore.fastest_imports  # findings.preload.FastestImports' pass
 except ImportError:
     c_import_children = c_subtree_modules = c_top_imports = c_covered_nodes = c_pick_walk = c_paid_modules = None
+    c_fastest_imports = None
 WAIT_NAMES = ("barrier", "all_reduce", "allreduce", "all_gather", "broadcast", "collective", "wait_for")
 
 
