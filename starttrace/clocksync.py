@@ -167,6 +167,7 @@ def this_node(run: Run, root_span: str | None, clock_attrs: dict[str, Any]) -> R
 # ------------------------------------------------------------------------------------------------
 # journal-only runs: the NTP state in the run folder (no exporter measures it there)
 
+
 def record(run_dir: Path, root_span: str, domain: str) -> Path | None:
     """Write this host's NTP state into `run_dir` for the processes of clock domain `domain`
     (what a node's exporter records on them over OTLP; the journal reader adds it to the processes

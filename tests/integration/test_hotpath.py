@@ -83,9 +83,7 @@ def _traced(venv_python: str, base: Path, env: dict[str, str], pure: bool) -> Ru
     if pure:
         env["STARTTRACE_PURE_PYTHON"] = "1"
     program = textwrap.dedent(PROGRAM.format(count=MODULES))
-    done = subprocess.run(
-        [venv_python, "-c", program, str(base)], env=env, capture_output=True, text=True, timeout=300
-    )
+    done = subprocess.run([venv_python, "-c", program, str(base)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     said = [line for line in done.stderr.splitlines() if line.startswith("starttrace:") and "tracing run" not in line]
     assert not said, done.stderr

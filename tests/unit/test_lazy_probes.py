@@ -36,9 +36,7 @@ def test_lazy_triggers_are_the_modules_the_probe_hooks(probe: str, monkeypatch: 
 def _traced(tmp_path: Path, program: str, *argv: str) -> tuple[dict[str, Any], Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STARTTRACE") and k.lower() != "traceparent"}
     env.update(STARTTRACE="1", STARTTRACE_DIR=str(tmp_path / "runs"))
-    proc = subprocess.run(
-        [sys.executable, "-c", program, *argv], env=env, capture_output=True, text=True, timeout=120
-    )
+    proc = subprocess.run([sys.executable, "-c", program, *argv], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     run = read_run(run_dir)
