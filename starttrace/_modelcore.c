@@ -1173,6 +1173,32 @@ stack_push_all(Stack *st, PyObject *list)
     return 0;
 }
 
+/* The imports on `st` and every import inside them: their modules added to `mods` (a set, or a
+   frozenset nobody else holds yet); -1 with an exception (`who` names the caller). */
+static int
+add_subtree_modules(NodeSlots *t, Stack *st, PyObject *mods, const char *who)
+{
+    while (st->size > 0) {
+        PyObject *n = st->items[--st->size];
+        PyObject *mod = Py_IS_TYPE(n, t->type) ? node_slot(n, t->module, "module") : NULL;
+        if (mod == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_TypeError, "%s: not a span node", who);
+            }
+            return -1;
+        }
+        int truth = PyObject_IsTrue(mod);
+        if (truth < 0 || (truth && PySet_Add(mods, mod) < 0)) {
+            return -1;
+        }
+        PyObject *inner = imports_of(t, n);
+        if (inner == NULL || stack_push_all(st, inner) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static PyObject *
 subtree_modules_c(PyObject *module, PyObject *args)
 {
@@ -1209,28 +1235,9 @@ subtree_modules_c(PyObject *module, PyObject *args)
     st.cap = 16;
     st.items[st.size++] = node;
     PyObject *result = NULL;
-    while (st.size > 0) {
-        PyObject *n = st.items[--st.size];
-        PyObject *mod = Py_IS_TYPE(n, t->type) ? node_slot(n, t->module, "module") : NULL;
-        if (mod == NULL) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_TypeError, "subtree_modules: not a span node");
-            }
-            goto done;
-        }
-        int truth = PyObject_IsTrue(mod);
-        if (truth < 0 || (truth && PySet_Add(mods, mod) < 0)) {
-            goto done;
-        }
-        PyObject *inner = imports_of(t, n);
-        if (inner == NULL || stack_push_all(&st, inner) < 0) {
-            goto done;
-        }
-    }
-    if (PyDict_SetItem(memo, key, mods) == 0) {
+    if (add_subtree_modules(t, &st, mods, "subtree_modules") == 0 && PyDict_SetItem(memo, key, mods) == 0) {
         result = Py_NewRef(mods);
     }
-done:
     PyMem_Free(st.items);
     Py_DECREF(mods);
     return result;
@@ -1257,33 +1264,11 @@ paid_modules_c(PyObject *module, PyObject *args)
         return mods == NULL ? NULL : PyErr_NoMemory();
     }
     st.cap = 16;
-    if (stack_push_all(&st, roots) < 0) {
-        goto fail;
-    }
-    while (st.size > 0) {
-        PyObject *n = st.items[--st.size];
-        PyObject *mod = Py_IS_TYPE(n, t->type) ? node_slot(n, t->module, "module") : NULL;
-        if (mod == NULL) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_TypeError, "paid_modules: not a span node");
-            }
-            goto fail;
-        }
-        int truth = PyObject_IsTrue(mod);
-        if (truth < 0 || (truth && PySet_Add(mods, mod) < 0)) {
-            goto fail;
-        }
-        PyObject *inner = imports_of(t, n);
-        if (inner == NULL || stack_push_all(&st, inner) < 0) {
-            goto fail;
-        }
+    if (stack_push_all(&st, roots) < 0 || add_subtree_modules(t, &st, mods, "paid_modules") < 0) {
+        Py_CLEAR(mods);
     }
     PyMem_Free(st.items);
     return mods;
-fail:
-    PyMem_Free(st.items);
-    Py_DECREF(mods);
-    return NULL;
 }
 
 /* findings.common.top_imports over a lane's spans: imports no other import of the lane encloses
