@@ -9,7 +9,7 @@ times: a fresh service per measurement (its `Server`), the 64 x 6000 run on 8 no
 (`tests/synth_multinode.py`; `--shared-modules`: every rank imports the same modules, as real
 ranks do) ingested as there, then one `GET /startup/bench`. Besides the wall
 time it prints what the service process spent until that answer, from /proc: user and system CPU
-seconds, minor page faults, and its memory on huge pages (`AnonHugePages`). One measurement swings
+seconds and minor page faults. One measurement swings
 by +-25 % on this VM: the build touches ~500 MB of new memory, and what a page fault costs depends
 on whether the host still backs the page the kernel hands out (docs/benchmarks.md, "Huge pages for
 the service's objects: tried"). So the trees take turns and the medians are compared.
@@ -39,13 +39,6 @@ def proc_counters(pid: int) -> tuple[float, float, int]:
     return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7])
 
 
-def huge_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("AnonHugePages:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def measure(tree: Path, bodies: list[bytes], total: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="st-first-ab-"))
     server = bench_service.Server(tree, tmp / "first.db")
@@ -61,7 +54,6 @@ def measure(tree: Path, bodies: list[bytes], total: int) -> dict[str, Any]:
             "user_s": after[0] - before[0],
             "sys_s": after[1] - before[1],
             "faults": after[2] - before[2],
-            "huge_mb": huge_mb(server.proc.pid),
             "ingest": ingest["spans_s"],
         }
     finally:
@@ -92,7 +84,7 @@ def main() -> int:
             results[name].append(got)
             print(
                 f"  {turn + 1}. {name}: first {got['first_s']:.2f} s (user {got['user_s']:.2f}, system "
-                f"{got['sys_s']:.2f}, {got['faults']:,} faults, {got['huge_mb']:.0f} MB on huge pages); "
+                f"{got['sys_s']:.2f}, {got['faults']:,} faults); "
                 f"ingest {got['ingest']:,.0f} spans/s",
                 flush=True,
             )

@@ -142,14 +142,7 @@ def subtree_modules(node: SpanNode, memo: dict[str, frozenset[str]]) -> frozense
     got = memo.get(node.id)
     if got is not None:
         return got
-    mods: set[str] = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if n.module:
-            mods.add(n.module)
-        stack.extend(import_children(n))
-    result = frozenset(mods)
+    result = frozenset(_modules_under([node]))
     memo[node.id] = result
     return result
 
@@ -159,6 +152,11 @@ def paid_modules(roots: list[SpanNode]) -> set[str]:
     the union of their `subtree_modules`, without a set per root."""
     if c_paid_modules is not None:
         return c_paid_modules(roots, SpanNode)  # type: ignore[no-any-return]
+    return _modules_under(roots)
+
+
+def _modules_under(roots: list[SpanNode]) -> set[str]:
+    """The walk of `subtree_modules` and `paid_modules` (in C: `add_subtree_modules`)."""
     mods: set[str] = set()
     stack = list(roots)
     while stack:

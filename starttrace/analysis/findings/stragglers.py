@@ -18,8 +18,19 @@ from starttrace.analysis.findings.common import finding, is_wait, s, short_name
 from starttrace.analysis.model import Lane, RunModel, SpanNode, select
 
 # a tuple, as `select` takes it; imports (most spans) first
-SKIP_PHASES = ("import", "process", "startup", "interpreter", "bootstrap", "fork", "launch", "other", "idle")
-SKIP_PHASES += ("forkserver", "forkserver_preload")
+SKIP_PHASES = (
+    "import",
+    "process",
+    "startup",
+    "interpreter",
+    "bootstrap",
+    "fork",
+    "launch",
+    "other",
+    "idle",
+    "forkserver",
+    "forkserver_preload",
+)
 MIN_SPREAD_S = 0.1
 MIN_SHARE = 0.02  # of the run's startup
 MAX_FINDINGS = 6
