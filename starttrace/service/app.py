@@ -29,7 +29,13 @@ from starttrace.analysis.detail import DEFAULT_IMPORT_BUDGET
 from starttrace.analysis.model import RunModel
 from starttrace.service.decoder import Decoder
 from starttrace.service.model_cache import ModelCache
-from starttrace.service.otlp_receiver import DEFAULT_MAX_BODY, handle_traces
+from starttrace.service.otlp_receiver import (
+    DEFAULT_ACK_TIMEOUT_S,
+    DEFAULT_INFLIGHT_BYTES,
+    DEFAULT_MAX_BODY,
+    IngestBudget,
+    handle_traces,
+)
 from starttrace.sources.journal_watcher import JournalWatcher
 from starttrace.sources.store import Store
 from starttrace.views import html
@@ -68,6 +74,8 @@ class Settings:
     retention_s: float | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY
     queue_max_spans: int = 400_000
+    inflight_max_bytes: int = DEFAULT_INFLIGHT_BYTES  # request bodies held at once; past it 503 + Retry-After
+    ack_timeout_s: float = DEFAULT_ACK_TIMEOUT_S  # spans not committed by then: 503 (never a 200)
     poll_s: float = 1.0
     retry_after_s: int = 2
     live_model_ttl_s: float = 1.0
@@ -202,6 +210,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     store = Store(db, queue_max_spans=settings.queue_max_spans, on_stored=counters.add_ingested)
     cache = ModelCache(store, settings.live_model_ttl_s, settings.prebuild_idle_s)
     decoder = Decoder(settings.decode_workers)
+    budget = IngestBudget(settings.inflight_max_bytes)
     store.on_runs_written = cache.note_written
     watcher = (
         JournalWatcher(Path(settings.journal_dir), store, settings.poll_s, settings.retention_s)
@@ -260,6 +269,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return {
             "status": "ok",
             "queued_spans": store.queued_spans,
+            "peak_queued_spans": store.peak_queued_spans,
+            "inflight_bytes": budget.used,
+            "peak_inflight_bytes": budget.peak,
             "store_errors": store.errors[-5:],
             "models_pending": cache.pending,
             "model_errors": cache.errors[-5:],
@@ -276,12 +288,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             413: {"description": "google.rpc.Status: body too large after decompression"},
             415: {"description": "unsupported content type"},
             429: {"description": "ingest queue full; Retry-After"},
+            503: {"description": "too many request bytes in flight, or the spans could not be stored; Retry-After"},
         },
     )
     async def traces(request: Request) -> Response:
         """OTLP/HTTP trace export (application/x-protobuf or application/json, optionally gzip)."""
         return await handle_traces(
-            request, store, settings.max_body_bytes, counters.add_request, settings.retry_after_s, decoder
+            request,
+            store,
+            settings.max_body_bytes,
+            counters.add_request,
+            settings.retry_after_s,
+            decoder,
+            budget,
+            settings.ack_timeout_s,
         )
 
     @app.get("/v1/clock")

@@ -4,7 +4,11 @@
 - The body limit applies after decompression; gzip is inflated in bounded steps, so a gzip bomb
   is refused (413) as soon as it inflates past the limit, never fully inflated.
 - Undecodable data: 400 with a `google.rpc.Status` body in the request's encoding.
-- Other content types: 415. Store saturated (bounded ingest queue): 429 with `Retry-After`.
+- Other content types: 415. Store saturated (bounded ingest queue): 429 with `Retry-After`; too
+  many request bytes in flight (`IngestBudget`): 503 with `Retry-After`.
+- Acknowledged means stored: the 200 (or `partial_success`) is sent only once the store's writer
+  has committed the request's spans to the database (SQLite WAL: they survive a kill -9 of the
+  service); a failed write answers 503 with `Retry-After`, never 200.
 - Spans with bad ids are rejected one by one: 200 with `partial_success`.
 - Decoding lives in `starttrace.sources.otlp` (run in a worker process by `service.decoder`);
   this module is the HTTP side.
@@ -12,7 +16,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import zlib
 from collections.abc import AsyncIterator, Callable
 
@@ -27,6 +33,8 @@ from starttrace.sources.otlp import JSON, PROTOBUF, BadRequest
 from starttrace.sources.store import Store, StoreSaturated
 
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
+DEFAULT_INFLIGHT_BYTES = 256 * 1024 * 1024  # request bodies (inflated) held at once, read to acknowledged
+DEFAULT_ACK_TIMEOUT_S = 30.0  # a request whose spans are not committed by then: 503, Retry-After
 _CHUNK = 64 * 1024
 
 
@@ -34,8 +42,62 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """Read the request body, inflating gzip/deflate in bounded steps; BodyTooLarge past max_bytes."""
+class Busy(Exception):
+    """Too many request bytes in flight: the client should retry later (503)."""
+
+
+class IngestBudget:
+    """The bytes of request bodies (after decompression) the receiver holds at once, from the
+    first byte read until the request is answered (the body, its decoded spans, the queued batch).
+    Past `max_bytes` a request is refused with 503 + Retry-After, so memory stays bounded whatever
+    the clients send; a request alone is always let through (up to the body limit)."""
+
+    def __init__(self, max_bytes: int = DEFAULT_INFLIGHT_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
+        self.peak = 0
+        self.refused = 0
+        self._lock = threading.Lock()
+
+    def charge(self, held: int, more: int) -> None:
+        """Add `more` bytes to a request that holds `held` already; Busy when over budget (the
+        caller releases what the request holds)."""
+        with self._lock:
+            if self.used - held > 0 and self.used + more > self.max_bytes:
+                self.refused += 1
+                raise Busy()
+            self.used += more
+            self.peak = max(self.peak, self.used)
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self.used = max(0, self.used - n)
+
+
+class _Held:
+    """What one request holds of the budget."""
+
+    __slots__ = ("budget", "n")
+
+    def __init__(self, budget: IngestBudget | None) -> None:
+        self.budget = budget
+        self.n = 0
+
+    def add(self, more: int) -> None:
+        if self.budget is not None and more:
+            self.budget.charge(self.n, more)
+            self.n += more
+
+    def release(self) -> None:
+        if self.budget is not None and self.n:
+            self.budget.release(self.n)
+            self.n = 0
+
+
+async def read_body(request: Request, max_bytes: int, held: _Held | None = None) -> bytes:
+    """Read the request body, inflating gzip/deflate in bounded steps; BodyTooLarge past max_bytes,
+    Busy when the receiver's budget of bytes in flight (`held`) is spent."""
+    held = held or _Held(None)
     encoding = request.headers.get("content-encoding", "").strip().lower()
     declared = request.headers.get("content-length")
     if declared is not None and encoding in ("", "identity"):
@@ -52,6 +114,7 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             size += len(chunk)
             if size > max_bytes:
                 raise BodyTooLarge()
+            held.add(len(chunk))
             parts.append(chunk)
         return b"".join(parts)
     if encoding == "gzip":
@@ -73,6 +136,7 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
                 out += piece
                 if len(out) > max_bytes:
                     raise BodyTooLarge()
+                held.add(len(piece))
                 data = inflater.unconsumed_tail
                 if inflater.eof:
                     break
@@ -83,6 +147,7 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             out += piece
             if len(out) > max_bytes:
                 raise BodyTooLarge()
+            held.add(len(piece))
         if not inflater.eof:
             raise BadRequest("truncated compressed body")
     except zlib.error as exc:
@@ -135,19 +200,47 @@ async def handle_traces(
     count: Callable[[str, int], None],
     retry_after_s: int = 2,
     decoder: Decoder | None = None,
+    budget: IngestBudget | None = None,
+    ack_timeout_s: float = DEFAULT_ACK_TIMEOUT_S,
 ) -> Response:
     """The `POST /v1/traces` handler. `count(encoding, code)` counts the request for /metrics;
-    `decoder` decodes the body in a worker process (service/decoder.py)."""
+    `decoder` decodes the body in a worker process (service/decoder.py); `budget` bounds the
+    request bytes held at once. The answer waits until the spans are committed (or refused)."""
     ctype = media_type(request)
     enc_label = "protobuf" if ctype == PROTOBUF else "json" if ctype == JSON else "other"
     if ctype not in (PROTOBUF, JSON):
         count(enc_label, 415)
         return status_response(415, f"unsupported content type {ctype!r}; use {PROTOBUF} or {JSON}", JSON)
+    held = _Held(budget)
     try:
-        body = await read_body(request, max_bytes=max_body)
+        return await _handle(
+            request, store, max_body, count, retry_after_s, decoder, held, ctype, enc_label, ack_timeout_s
+        )
+    finally:
+        held.release()
+
+
+async def _handle(
+    request: Request,
+    store: Store,
+    max_body: int,
+    count: Callable[[str, int], None],
+    retry_after_s: int,
+    decoder: Decoder | None,
+    held: _Held,
+    ctype: str,
+    enc_label: str,
+    ack_timeout_s: float,
+) -> Response:
+    retry = {"Retry-After": str(retry_after_s)}
+    try:
+        body = await read_body(request, max_bytes=max_body, held=held)
     except BodyTooLarge:
         count(enc_label, 413)
         return status_response(413, f"request body larger than {max_body} bytes (after decompression)", ctype)
+    except Busy:
+        count(enc_label, 503)
+        return status_response(503, "too many request bytes in flight, retry later", ctype, headers=retry)
     except UnsupportedEncoding as exc:
         count(enc_label, 415)
         return status_response(415, f"unsupported content encoding {str(exc)!r}", ctype)
@@ -162,13 +255,31 @@ async def handle_traces(
     except (DecodeError, ValueError, TypeError, RecursionError, UnicodeDecodeError) as exc:
         count(enc_label, 400)
         return status_response(400, f"undecodable request: {exc}", ctype)
+    del body
     if decoded.batch.processes:
+        loop = asyncio.get_running_loop()
+        written: asyncio.Future[str | None] = loop.create_future()
+
+        def on_written(error: str | None) -> None:  # the writer thread, after its commit (or rollback)
+            loop.call_soon_threadsafe(_settle, written, error)
+
+        decoded.batch.on_written = on_written
         try:
             store.submit(decoded.batch)
         except StoreSaturated:
             count(enc_label, 429)
-            return status_response(
-                429, "ingest queue full, retry later", ctype, headers={"Retry-After": str(retry_after_s)}
-            )
+            return status_response(429, "ingest queue full, retry later", ctype, headers=retry)
+        try:
+            error = await asyncio.wait_for(asyncio.shield(written), ack_timeout_s)
+        except TimeoutError:
+            error = f"not stored within {ack_timeout_s:g} s"
+        if error is not None:  # nothing is acknowledged that is not on disk: the client sends it again
+            count(enc_label, 503)
+            return status_response(503, f"spans not stored ({error}), retry later", ctype, headers=retry)
     count(enc_label, 200)
     return success_response(decoded.rejected, decoded.errors, ctype)
+
+
+def _settle(future: asyncio.Future[str | None], error: str | None) -> None:
+    if not future.done():
+        future.set_result(error)

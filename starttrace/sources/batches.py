@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import marshal
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +103,9 @@ class IngestBatch:
     runs: list[RunMeta] = field(default_factory=list)
     replace_problems: bool = False
     done: threading.Event | None = None
+    # called by the writer once the batch's transaction committed (None) or failed (the error's
+    # text): the OTLP receiver acknowledges a request only then (docs/service.md, "Acknowledged")
+    on_written: Callable[[str | None], None] | None = None
 
     def span_count(self) -> int:
         return sum(p.span_count() for p in self.processes)

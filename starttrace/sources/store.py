@@ -276,6 +276,7 @@ class Store:
         self.on_runs_written = on_runs_written  # after each committed write, with the run ids it touched
         self._queue: queue.Queue[IngestBatch | None] = queue.Queue()
         self._queued_spans = 0
+        self.peak_queued_spans = 0  # the most spans the ingest queue held at once (/healthz)
         self._queued_lock = threading.Lock()
         self.write_lock = threading.Lock()  # held by the writer while it writes (tests hold it to stall it)
         self._local = threading.local()
@@ -365,12 +366,21 @@ class Store:
             with self._queued_lock:
                 if self._queued_spans == 0 or self._queued_spans + n <= self.queue_max_spans:
                     self._queued_spans += n
+                    self.peak_queued_spans = max(self.peak_queued_spans, self._queued_spans)
                     break
             if not block:
                 raise StoreSaturated()
             time.sleep(0.05)
         if self._thread is None:  # no writer thread (tests, one-shot use): write synchronously
-            self._write_batches([batch])
+            try:
+                self._write_batches([batch])
+            except Exception as exc:
+                if batch.on_written is None:
+                    raise
+                batch.on_written(f"{type(exc).__name__}: {exc}")
+                return
+            if batch.on_written is not None:
+                batch.on_written(None)
             return
         self._queue.put(batch)
 
@@ -433,14 +443,19 @@ class Store:
                 else:
                     batches.append(nxt)
             if batches:
+                failed: str | None = None
                 try:
                     self._write_batches(batches)
                 except Exception as exc:  # keep the writer alive; report through /healthz
-                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                    failed = f"{type(exc).__name__}: {exc}"
+                    self.errors.append(failed)
                     del self.errors[:-20]
                     with self._queued_lock:
                         self._queued_spans = max(0, self._queued_spans - sum(b.span_count() for b in batches))
                 for b in batches:
+                    if b.on_written is not None:
+                        with contextlib.suppress(Exception):
+                            b.on_written(failed)
                     if b.done is not None:
                         b.done.set()
             if stop:

@@ -147,13 +147,20 @@ def test_store_saturated_429_retry_after(make_client: Callable[..., TestClient])
     c = make_client(queue_max_spans=50)
     store = c.app.state.store  # type: ignore[attr-defined]
     body = to_protobuf(make_run(ranks=1, imports_per_rank=20, run_id="sat")).SerializeToString()
+    answers: list[int] = []
     with store.write_lock:  # stall the writer
-        first = c.post("/v1/traces", content=body, headers=PB)
-        assert first.status_code == 200
+        # the first request is queued, and answered only once its spans are committed
+        first = threading.Thread(target=lambda: answers.append(c.post("/v1/traces", content=body, headers=PB).status_code))
+        first.start()
+        wait_for(lambda: store.queued_spans > 0)
+        time.sleep(0.2)
+        assert answers == []  # not acknowledged while the writer cannot write
         second = c.post("/v1/traces", content=body, headers=PB)
         assert second.status_code == 429
         assert int(second.headers["Retry-After"]) >= 1
         assert status_pb2.Status.FromString(second.content).message
+    first.join(30)
+    assert answers == [200]
     flush(c)
     assert c.post("/v1/traces", content=body, headers=PB).status_code == 200
     assert 'starttrace_otlp_requests_total{code="429",encoding="protobuf"} 1.0' in c.get("/metrics").text
