@@ -58,7 +58,11 @@ def only_run_dir_fixture() -> Callable[[Path], Path]:
 
 @pytest.fixture(scope="session")
 def venv_python() -> str:
-    """The interpreter of the project's venv (starttrace installed with its .pth)."""
+    """The interpreter of the project's venv (starttrace installed with its .pth): pytest's own when
+    pytest runs in a venv (scripts/test_pythons.sh runs these tests in one venv per Python version,
+    with the package installed from a wheel), else .venv's."""
+    if sys.prefix != sys.base_prefix:
+        return sys.executable
     candidate = REPO / ".venv" / "bin" / "python"
     return str(candidate) if candidate.exists() else sys.executable
 

@@ -177,11 +177,16 @@ def _patch_process(module: "Any") -> None:
 
 
 def _default_method() -> str:
+    """The start method a Process without one of its own gets: the one set, else the platform's
+    default (3.14: forkserver on Linux, where a program that names none now gets it), read without
+    choosing it (`get_start_method()` would fix it, and a later `set_start_method` would fail)."""
     context = sys.modules.get("multiprocessing.context")
     if context is None:
         return ""
     try:
-        return context._default_context.get_start_method(allow_none=True) or ""
+        default = context._default_context
+        chosen = getattr(default, "_actual_context", None) or getattr(default, "_default_context", None)
+        return str(getattr(chosen, "_name", "") or "")
     except Exception:
         return ""
 
@@ -258,11 +263,21 @@ def _patch_forkserver(module: "Any") -> None:
         try:
             boot.set_role("forkserver")
             boot.end_bootstrap()
-            if sys_path is not None:
-                sys.path[:] = sys_path
             if preload:
+                # what multiprocessing's main does with a preload (its own is then skipped): 3.14's
+                # sets sys.argv (gh-143706) and sys.path (gh-117378) first, imports __main__ from
+                # main_path (passed since gh-126631) and the modules, then flushes stdout/stderr
+                sys_argv = kwargs.get("sys_argv")
+                if sys_argv is not None:
+                    sys.argv[:] = sys_argv
+                if sys_path is not None:
+                    sys.path[:] = sys_path
                 _preload(module, list(preload), main_path)
                 preload = None
+                if "_flush_std_streams" in original_main.__code__.co_names:  # 3.14 (gh-135335)
+                    module.util._flush_std_streams()
+            elif sys_path is not None:
+                sys.path[:] = sys_path
         except Exception as exc:
             recorder.report(f"forkserver probe failed: {type(exc).__name__}: {exc}", key="forkserver-main")
         return original_main(listener_fd, alive_r, preload, main_path, sys_path, *args, **kwargs)
@@ -281,17 +296,25 @@ def _preload(forkserver: "Any", modules: list[str], main_path: "Any") -> None:
     outer = recorder.begin("forkserver.preload", attrs)
     failed: list[str] = []
     try:
+        main_imported = False
         if "__main__" in modules and main_path is not None:
             process = forkserver.process
             process.current_process()._inheriting = True
             try:
-                with recorder.span(
-                    "preload __main__", {"starttrace.phase": "forkserver_preload", "code.file.path": str(main_path)}
-                ):
+                main_attrs = {
+                    "starttrace.phase": "forkserver_preload",
+                    "starttrace.import.module": "__main__",
+                    "code.file.path": str(main_path),
+                }
+                with recorder.span("preload __main__", main_attrs):
                     forkserver.spawn.import_main_path(main_path)
+                main_imported = True
             finally:
                 del process.current_process()._inheriting
         for name in modules:
+            if name == "__main__" and main_imported:  # its span is the one above: one per module
+                __import__(name)
+                continue
             span_id = recorder.begin(
                 f"preload {name}",
                 {
