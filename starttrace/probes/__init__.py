@@ -26,7 +26,9 @@ PROBES = (
 # probe -> the modules its install() hooks (tests/unit/test_lazy_probes.py keeps them equal)
 LAZY_PROBES: "dict[str, tuple[str, ...]]" = {
     "starttrace.probes.torch": ("torch.cuda", "torch.distributed", "torch.accelerator"),
+    "starttrace.probes.compile": ("torch._dynamo.utils",),
     "starttrace.probes.vllm": (
+        "vllm.tracing",
         "vllm.engine.arg_utils",
         "vllm.entrypoints.launchers.launcher",
         "vllm.entrypoints.launchers.app",
@@ -40,6 +42,11 @@ LAZY_PROBES: "dict[str, tuple[str, ...]]" = {
         "vllm.v1.worker.worker_base",
         "vllm.distributed.parallel_state",
         "vllm.compilation.backends",
+        "vllm.distributed.device_communicators.pynccl",
+        "vllm.distributed.device_communicators.custom_all_reduce",
+        "vllm.distributed.device_communicators.all_reduce_utils",
+        "vllm.distributed.device_communicators.cuda_communicator",
+        "vllm.distributed.device_communicators.cpu_communicator",
     ),
     "starttrace.probes.servers": ("uvicorn.server",),
 }

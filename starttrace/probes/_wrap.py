@@ -119,13 +119,15 @@ def traced(
     attrs: "Attrs | None" = None,
     before: "Callable[[tuple[Any, ...], dict[str, Any]], Attrs | None] | None" = None,
     after: "Callable[[tuple[Any, ...], dict[str, Any], Any], Attrs | None] | None" = None,
+    key: str | None = None,
 ) -> "Callable[..., Any]":
     """A wrapper of `original` that records span `name` around each call (sync or async).
 
     `before(args, kwargs)` may return extra begin attributes (and may set process attributes);
     `after(args, kwargs, result)` may return end attributes. Both are guarded: a failing callback
     is reported once and the call goes on. A nested call with the same span name on the same
-    thread (a subclass calling super()) records no second span.
+    thread (a subclass calling super()) records no second span; `key` (default: the name) is what
+    counts as the same (vLLM's own marks use the function, since two functions share a name).
     """
     # Long by design: a wrapper factory: the sync and async wrappers are closures over the same locals, defined
     # together.
@@ -154,14 +156,16 @@ def traced(
                 recorder.report(f"probe {name} failed: {type(exc).__name__}: {exc}", key=f"after:{name}")
         _end_quietly(span_id, end_attrs)
 
+    guard = name if key is None else key
+
     def _enter() -> dict[str, int] | None:
         ident = get_ident()
         running = _open_names.get(ident)
         if running is None:
             running = _open_names[ident] = {}
-        if running.get(name):
+        if running.get(guard):
             return None
-        running[name] = 1
+        running[guard] = 1
         return running
 
     code = getattr(getattr(original, "__func__", original), "__code__", None)
@@ -180,7 +184,7 @@ def traced(
                 _end_failed(span_id, exc, idle)
                 raise
             finally:
-                running.pop(name, None)
+                running.pop(guard, None)
             _finish(span_id, args, kwargs, result)
             return result
 
@@ -199,7 +203,7 @@ def traced(
             _end_failed(span_id, exc, idle)
             raise
         finally:
-            running.pop(name, None)
+            running.pop(guard, None)
         _finish(span_id, args, kwargs, result)
         return result
 

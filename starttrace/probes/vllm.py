@@ -16,8 +16,10 @@ Roles (process attribute `starttrace.role`):
 """
 
 import sys
+from _thread import get_ident
 
 from starttrace import recorder
+from starttrace.probes import _wrap as wrap
 from starttrace.probes._wrap import (
     _mark,
     note_attached,
@@ -224,28 +226,46 @@ def _config_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "An
 Row = tuple  # (str, str | None, str, Before | None, After | None)
 
 
-def _identity_only(original: "Callable[..., Any]", before: "Before") -> "Callable[..., Any]":
-    def wrapper(*args: "Any", **kwargs: "Any") -> "Any":
-        if recorder._writer is not None:
+def _identity_only(
+    original: "Callable[..., Any]", before: "Before | None", after: "After | None" = None
+) -> "Callable[..., Any]":
+    """A wrapper that only runs the row's callbacks, no span: for process targets (a span there
+    would cover the process) and for functions vLLM marks itself (its mark is the span)."""
+
+    def _before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> None:
+        if before is not None and recorder._writer is not None:
             try:
                 before(args, kwargs)
             except Exception as exc:
                 recorder.report(f"vllm probe identity failed: {type(exc).__name__}: {exc}", key="vllm:identity")
-        return original(*args, **kwargs)
+
+    def _after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> None:
+        if after is not None and recorder._writer is not None:
+            try:
+                after(args, kwargs, result)
+            except Exception as exc:
+                recorder.report(f"vllm probe hook failed: {type(exc).__name__}: {exc}", key="vllm:after")
+
+    def wrapper(*args: "Any", **kwargs: "Any") -> "Any":
+        _before(args, kwargs)
+        result = original(*args, **kwargs)
+        _after(args, kwargs, result)
+        return result
 
     code = getattr(original, "__code__", None)
     if code is not None and code.co_flags & 0x80:  # a coroutine function
 
         async def async_wrapper(*args: "Any", **kwargs: "Any") -> "Any":
-            if recorder._writer is not None:
-                try:
-                    before(args, kwargs)
-                except Exception as exc:
-                    recorder.report(f"vllm probe identity failed: {type(exc).__name__}: {exc}", key="vllm:identity")
-            return await original(*args, **kwargs)
+            _before(args, kwargs)
+            result = await original(*args, **kwargs)
+            _after(args, kwargs, result)
+            return result
 
-        return _mark(async_wrapper, original)
-    return _mark(wrapper, original)
+        marked = _mark(async_wrapper, original)
+    else:
+        marked = _mark(wrapper, original)
+    marked.__starttrace_hooks__ = True
+    return marked
 
 
 def _wrap(
@@ -263,14 +283,68 @@ def _wrap(
     if not hasattr(owner, attr):
         note_missing(label)
         return
+    wrap_attr(owner, attr, label, name, phase, before, after)
+
+
+def _raw_attr(owner: "Any", attr: str) -> "Any":
+    if isinstance(owner, type):
+        for klass in owner.__mro__:
+            if attr in klass.__dict__:
+                return klass.__dict__[attr]
+        return None
+    return getattr(owner, attr, None)
+
+
+def vllm_mark_of(function: "Any") -> "str | None":
+    """The span name vLLM's own `instrument` gave `function` (None: vLLM does not mark it)."""
+    raw = getattr(function, "__func__", function)
+    mark = getattr(raw, "__starttrace_vllm_mark__", None)
+    return mark if isinstance(mark, str) else None
+
+
+def wrap_attr(
+    owner: "Any",
+    attr: str,
+    label: str,
+    name: str | None,
+    phase: str,
+    before: "Before | None",
+    after: "After | None",
+) -> bool:
+    """Wrap `owner.attr` with span `name` (None: callbacks only). A function vLLM marks itself
+    (`vllm.tracing.instrument`, replaced by this probe) already records vLLM's span: our own span
+    is dropped there and only the row's callbacks run (each phase once)."""
+    raw = _raw_attr(owner, attr)
+    if raw is None:
+        note_missing(label)
+        return False
+    if vllm_mark_of(raw) is not None:
+        if before is None and after is None:
+            return False  # vLLM's span is the span
+        function = getattr(raw, "__func__", raw)
+        if getattr(function, "__starttrace_hooks__", False):
+            return False
+        try:
+            wrapper = _identity_only(function, before, after)
+            if isinstance(raw, staticmethod):
+                setattr(owner, attr, staticmethod(wrapper))
+            elif isinstance(raw, classmethod):
+                setattr(owner, attr, classmethod(wrapper))
+            else:
+                setattr(owner, attr, wrapper)
+        except Exception as exc:
+            recorder.report(f"cannot wrap {attr}: {type(exc).__name__}: {exc}", key=f"patch:{attr}")
+            return False
+        note_attached(label)
+        return True
     if name is None:
-        assert before is not None
-        attached = patch(owner, attr, lambda fn: _identity_only(fn, before))
+        attached = patch(owner, attr, lambda fn: _identity_only(fn, before, after))
     else:
         span_name = name
         attached = patch(owner, attr, lambda fn: traced(fn, span_name, phase, {"code.function": label}, before, after))
     if attached:
         note_attached(label)
+    return attached
 
 
 def _hook(table: "tuple[Row, ...]") -> "Callable[[Any], None]":
@@ -297,22 +371,12 @@ def _init_worker_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result
         if not hasattr(klass, method):
             note_missing(label)
             continue
-        if patch(klass, method, _method_wrapper(name, phase, label, after)):
-            note_attached(label)
+        wrap_attr(klass, method, label, name, phase, None, after)
     runner = getattr(worker, "model_runner", None)
     if runner is not None:
         _patch_model_runner(runner)
     publish_probe_list()
     return {"vllm.worker_class": f"{klass.__module__}.{klass.__qualname__}"}
-
-
-def _method_wrapper(
-    name: str, phase: str, label: str, after: "After | None"
-) -> "Callable[[Callable[..., Any]], Callable[..., Any]]":
-    def make(fn: "Callable[..., Any]") -> "Callable[..., Any]":
-        return traced(fn, name, phase, {"code.function": label}, None, after)
-
-    return make
 
 
 def _init_device_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
@@ -328,12 +392,389 @@ def _init_device_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result
 
 def _patch_model_runner(runner: "Any") -> None:
     klass = type(runner)
-    for method, name, phase in MODEL_RUNNER_METHODS:
+    for method, name, phase, before, after in MODEL_RUNNER_METHODS:
         if not hasattr(klass, method):
             continue  # capture_model exists on GPU runners only, warming_up_model on CPU
         label = f"{klass.__module__}.{klass.__qualname__}.{method}"
-        if patch(klass, method, _method_wrapper(name, phase, label, None)):
-            note_attached(label)
+        wrap_attr(klass, method, label, name, phase, before, after)
+
+
+# --------------------------------------------------------------------------------------------
+# vLLM's own instrumentation points (`vllm.tracing.instrument` / `instrument_manual`)
+#
+# vLLM marks its startup phases with `@instrument(span_name=...)`, applied when the defining module
+# is imported, and emits them only with --otlp-traces-endpoint. This probe replaces
+# `vllm.tracing.instrument` right after `vllm.tracing` is imported (its importers bind the name
+# afterwards: `from vllm.tracing import instrument`), so every function vLLM marks becomes a
+# journal span named as vLLM names it, around vLLM's own (OTel or bare) function. Our own table
+# rows for a marked function drop their span (`wrap_attr`): each phase is recorded once.
+
+# vLLM's span name -> starttrace.phase (checked against every point in vLLM 0.32)
+VLLM_MARK_PHASES: "dict[str, str]" = {
+    "API server setup": "api_server",
+    "Overall Loading": "engine_init",
+    "SyncMPClient init": "engine_init",
+    "AsyncMPClient init": "engine_init",
+    "EngineCoreProc init": "engine_init",
+    "Prepare model": "kv_cache",  # EngineCore._initialize_kv_caches: profile, KV allocation, warmup (RPCs)
+    "Executor init": "executor_init",
+    "Worker init": "worker_init",
+    "Init device": "device_init",
+    "Load model": "model_load",
+    "Loading (GPU)": "model_load",
+    "Loading (CPU)": "model_load",
+    "Initialize model": "model_load",
+    "Load weights": "model_load",
+    "Download weights - HF": "model_load",
+    "Allocate KV cache": "kv_cache",
+    "Warmup (GPU)": "warmup",
+    "Warmup (CPU)": "warmup",
+    "DeepGemm warmup": "warmup",
+    "CuTeDSL warmup": "warmup",
+    "MiniMax M3 MSA warmup": "warmup",
+    "Capture model": "cuda_graphs",
+    "Compile graph": "compile",
+    "Inductor compilation": "compile",
+    "Dynamo bytecode transform": "compile",
+}
+# A point a later vLLM adds: its phase from words of its name (first match), else "vllm".
+_MARK_WORDS: "tuple[tuple[str, str], ...]" = (
+    ("kv cache", "kv_cache"),
+    ("warmup", "warmup"),
+    ("warm up", "warmup"),
+    ("capture", "cuda_graphs"),
+    ("cuda graph", "cuda_graphs"),
+    ("compil", "compile"),
+    ("inductor", "compile"),
+    ("dynamo", "compile"),
+    ("weight", "model_load"),
+    ("load", "model_load"),
+    ("model init", "model_load"),
+    ("initialize model", "model_load"),
+    ("device", "device_init"),
+    ("nccl", "dist_init"),
+    ("distributed", "dist_init"),
+    ("executor", "executor_init"),
+    ("worker", "worker_init"),
+    ("engine", "engine_init"),
+    ("client", "engine_init"),
+    ("api", "api_server"),
+    ("server", "api_server"),
+)
+# instrument_manual points recorded (others, such as the per-request "llm_request", are not startup)
+MANUAL_POINTS = ("Dynamo bytecode transform",)
+
+
+def mark_phase(span_name: str) -> str:
+    """starttrace.phase of a vLLM instrumentation point."""
+    phase = VLLM_MARK_PHASES.get(span_name)
+    if phase is not None:
+        return phase
+    lowered = span_name.lower()
+    for word, word_phase in _MARK_WORDS:
+        if word in lowered:
+            return word_phase
+    return "vllm"
+
+
+class _Marks:
+    warmup_keys: "set[str]" = set()  # re-entry keys of the marks whose phase is warmup
+    capture_count = 0  # cuda_graphs.capture spans since the last "Capture model" began
+
+
+_marks = _Marks()
+
+
+def _otel_recording() -> bool:
+    """True when vLLM's own OpenTelemetry export is on in this process (a tracer provider is set:
+    vLLM's init_tracer / maybe_init_worker_tracer ran), so vLLM sends its copy of the span too."""
+    trace = sys.modules.get("opentelemetry.trace")
+    return trace is not None and getattr(trace, "_TRACER_PROVIDER", None) is not None
+
+
+def _mark_before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs | None":
+    return {"starttrace.vllm.otlp": True} if _otel_recording() else None
+
+
+def _capture_model_begin(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs | None":
+    _marks.capture_count = 0
+    return _mark_before(args, kwargs)
+
+
+def _capture_model_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
+    # GPUModelRunner.capture_model returns the bytes the graphs took (free memory before - after)
+    attrs: Attrs = {"starttrace.cuda_graphs.count": _marks.capture_count}
+    if isinstance(result, int) and not isinstance(result, bool):
+        attrs["starttrace.cuda_graphs.memory_bytes"] = result
+    return attrs
+
+
+_MARK_CALLBACKS: "dict[str, tuple[Before, After | None]]" = {
+    "Capture model": (_capture_model_begin, _capture_model_after),
+}
+
+
+def mark_function(function: "Any", decorated: "Any", span_name: str) -> "Any":
+    """`decorated` (what vLLM's instrument made of `function`) wrapped in a journal span named as
+    vLLM names it, phase from VLLM_MARK_PHASES, `starttrace.source` = vllm."""
+    qualname = getattr(function, "__qualname__", None) or getattr(function, "__name__", "?")
+    name = span_name or qualname
+    phase = mark_phase(name)
+    label = f"{getattr(function, '__module__', '?')}.{qualname}"
+    before, after = _MARK_CALLBACKS.get(name, (_mark_before, None))
+    attrs: Attrs = {"starttrace.source": "vllm", "code.function": label}
+    wrapper = traced(decorated, name, phase, attrs, before, after, key=label)
+    wrapper.__starttrace_vllm_mark__ = name
+    if phase == "warmup":
+        _marks.warmup_keys.add(label)
+    note_attached(label)
+    return wrapper
+
+
+def _instrument_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
+    def instrument(
+        obj: "Any" = None,
+        *,
+        span_name: str = "",
+        attributes: "dict[str, str] | None" = None,
+        record_exception: bool = True,
+    ) -> "Any":
+        if obj is None:  # @instrument(span_name=...): vLLM's own returns a partial of itself
+
+            def decorate(function: "Any") -> "Any":
+                return instrument(
+                    function, span_name=span_name, attributes=attributes, record_exception=record_exception
+                )
+
+            return decorate
+        decorated = original(obj, span_name=span_name, attributes=attributes, record_exception=record_exception)
+        try:
+            return mark_function(obj, decorated, span_name)
+        except Exception as exc:
+            recorder.report(f"vllm instrument probe failed: {type(exc).__name__}: {exc}", key="vllm:instrument")
+            return decorated
+
+    return _mark(instrument, original)
+
+
+def _epoch_to_mono(epoch_ns: int) -> int:
+    boot = sys.modules.get("starttrace.boot")
+    state = getattr(boot, "state", None)
+    anchor_mono = getattr(state, "anchor_mono", 0)
+    anchor_epoch = getattr(state, "anchor_epoch", 0)
+    if not anchor_epoch:
+        from time import monotonic_ns, time_ns
+
+        return epoch_ns - time_ns() + monotonic_ns()
+    return epoch_ns - anchor_epoch + anchor_mono
+
+
+def _compile_probe_active() -> bool:
+    probe = sys.modules.get("starttrace.probes.compile")
+    return bool(getattr(probe, "active", False))
+
+
+def _instrument_manual_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
+    def instrument_manual(
+        span_name: str,
+        start_time: int,
+        end_time: "int | None" = None,
+        attributes: "dict[str, Any] | None" = None,
+        context: "Any" = None,
+        kind: "Any" = None,
+    ) -> "Any":
+        if recorder._writer is not None and span_name in MANUAL_POINTS:
+            _record_manual(span_name, start_time, end_time, attributes)
+        return original(span_name, start_time, end_time, attributes, context, kind)
+
+    return _mark(instrument_manual, original)
+
+
+def _record_manual(span_name: str, start_time: "Any", end_time: "Any", attributes: "Any") -> None:
+    """A span vLLM records after the fact (epoch times). "Dynamo bytecode transform" covers the
+    same time as the compile probe's `compile.*` spans of torch's own events: recorded only when
+    that probe is not attached (each phase once)."""
+    try:
+        if span_name == "Dynamo bytecode transform" and _compile_probe_active():
+            return
+        from time import monotonic_ns
+
+        now = monotonic_ns()
+        start = _epoch_to_mono(int(start_time))
+        end = now if end_time is None else _epoch_to_mono(int(end_time))
+        attrs: Attrs = {"starttrace.phase": mark_phase(span_name), "starttrace.source": "vllm"}
+        if isinstance(attributes, dict):
+            for key, value in attributes.items():
+                if isinstance(key, str) and isinstance(value, (str, int, float, bool)):
+                    attrs[f"vllm.{key}" if not key.startswith("vllm.") else key] = value
+        if _otel_recording():
+            attrs["starttrace.vllm.otlp"] = True
+        span_id = recorder.begin(span_name, attrs, t=min(start, end), push=False)
+        recorder.end(span_id, None, None, t=end)
+    except Exception as exc:
+        recorder.report(f"vllm instrument_manual probe failed: {type(exc).__name__}: {exc}", key="vllm:manual")
+
+
+def _patch_tracing(tracing: "Any") -> None:
+    original = getattr(tracing, "instrument", None)
+    if callable(original) and not getattr(original, "__starttrace__", False):
+        tracing.instrument = _instrument_wrapper(original)
+        note_attached("vllm.tracing.instrument")
+    elif original is None:
+        note_missing("vllm.tracing.instrument")
+    manual = getattr(tracing, "instrument_manual", None)
+    if callable(manual) and not getattr(manual, "__starttrace__", False):
+        tracing.instrument_manual = _instrument_manual_wrapper(manual)
+        note_attached("vllm.tracing.instrument_manual")
+    elif manual is None:
+        note_missing("vllm.tracing.instrument_manual")
+    publish_probe_list()
+
+
+def _vllm_backend_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
+    """VllmBackend.__call__ set compilation_config.local_cache_dir (VLLM_CACHE_ROOT/torch_compile_cache/
+    <hash>/rank_<i>_<j>/<prefix>): the compile cache of this graph (compile probe's compile.graph)."""
+    backend = args[0] if args else None
+    config = getattr(backend, "compilation_config", None)
+    path = getattr(config, "local_cache_dir", None)
+    if not isinstance(path, str) or not path:
+        return None
+    compile_probe = sys.modules.get("starttrace.probes.compile")
+    note = getattr(compile_probe, "note_cache_dir", None)
+    if note is not None:
+        note(path)
+    return {"starttrace.compile.cache_dir": path}
+
+
+# --------------------------------------------------------------------------------------------
+# memory profile run, CUDA-graph capture per size
+
+
+def _in_warmup() -> bool:
+    running = wrap._open_names.get(get_ident())
+    return bool(running) and any(key in running for key in _marks.warmup_keys)
+
+
+def _cuda_module() -> "Any":
+    """torch.cuda when this process initialised CUDA (never imports torch, never initialises it)."""
+    cuda = sys.modules.get("torch.cuda")
+    try:
+        if cuda is not None and cuda.is_initialized():
+            return cuda
+    except Exception:
+        pass
+    return None
+
+
+def _profile_run_before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs | None":
+    # The CPU runner's warming_up_model ("Warmup (CPU)") runs profile_run for the compile: a
+    # warmup then, not the memory profile.
+    attrs: Attrs = {}
+    if _in_warmup():
+        attrs["starttrace.phase"] = "warmup"
+        attrs["vllm.profile_run.purpose"] = "warmup"
+    cuda = _cuda_module()
+    if cuda is not None:
+        try:
+            cuda.reset_peak_memory_stats()
+        except Exception:
+            pass
+    return attrs or None
+
+
+def _profile_run_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
+    cuda = _cuda_module()
+    if cuda is None:
+        return None
+    try:
+        return {"vllm.kv_cache.profile_peak_bytes": int(cuda.max_memory_allocated())}
+    except Exception:
+        return None
+
+
+def _free_device_bytes() -> "int | None":
+    cuda = _cuda_module()
+    if cuda is None:
+        return None
+    try:
+        return int(cuda.mem_get_info()[0])
+    except Exception:
+        return None
+
+
+class _Capture:
+    free_before: "dict[int, int | None]" = {}  # per thread: free device memory when the capture began
+
+
+_capture = _Capture()
+
+
+def _capture_before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs | None":
+    # GPUModelRunner._warmup_and_capture(self, desc: BatchDescriptor, cudagraph_runtime_mode, ...):
+    # the warmup runs of one batch size and its graph capture (torch.cuda.graph in CUDAGraphWrapper)
+    _marks.capture_count += 1
+    desc = _arg(args, kwargs, 1, "desc")
+    mode = _arg(args, kwargs, 2, "cudagraph_runtime_mode")
+    attrs: Attrs = {}
+    size = getattr(desc, "num_tokens", None)
+    if isinstance(size, int):
+        attrs["starttrace.cuda_graphs.batch_size"] = size
+    uniform = getattr(desc, "uniform", None)
+    if isinstance(uniform, bool):
+        attrs["starttrace.cuda_graphs.uniform_decode"] = uniform
+    mode_name = getattr(mode, "name", None)
+    if isinstance(mode_name, str):
+        attrs["starttrace.cuda_graphs.mode"] = mode_name
+    _capture.free_before[get_ident()] = _free_device_bytes()
+    return attrs
+
+
+def _capture_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
+    before = _capture.free_before.pop(get_ident(), None)
+    if before is None:
+        return None
+    after = _free_device_bytes()
+    if after is None:
+        return None
+    return {"starttrace.cuda_graphs.memory_bytes": before - after}
+
+
+# --------------------------------------------------------------------------------------------
+# communicators: NCCL, custom all-reduce and its P2P check (phase dist_init)
+
+
+def _communicator_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
+    self = args[0] if args else None
+    attrs: Attrs = {}
+    for attr, key in (("world_size", "starttrace.dist.group_size"), ("rank", "starttrace.dist.rank")):
+        value = getattr(self, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            attrs[key] = value
+    for attr in ("disabled", "available"):
+        value = getattr(self, attr, None)
+        if isinstance(value, bool):
+            attrs[f"vllm.dist.{attr}"] = value
+    unique = getattr(self, "unique_name", None)
+    if isinstance(unique, str):
+        attrs["vllm.dist.group"] = unique
+    return attrs or None
+
+
+def _group_before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs | None":
+    # GroupCoordinator.__init__(self, group_ranks, local_rank, torch_distributed_backend,
+    #                           use_device_communicator, use_message_queue_broadcaster, group_name)
+    attrs: Attrs = {}
+    name = _arg(args, kwargs, 6, "group_name")
+    if isinstance(name, str):
+        attrs["vllm.dist.group"] = name
+    backend = _arg(args, kwargs, 3, "torch_distributed_backend")
+    if backend is not None:
+        attrs["starttrace.dist.backend"] = str(backend)
+    return attrs
+
+
+def _p2p_check_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
+    return {"vllm.dist.p2p": result} if isinstance(result, bool) else None
 
 
 # Per defining module. vLLM modules import these by name (`from .parallel_state import *`,
@@ -372,8 +813,27 @@ _WORKER_BASE: "tuple[Row, ...]" = (
 _PARALLEL_STATE: "tuple[Row, ...]" = (
     ("init_distributed_environment", "vllm.init_distributed_environment", "dist_init", _dist_env_before, None),
     ("initialize_model_parallel", "vllm.initialize_model_parallel", "dist_init", _model_parallel_before, None),
+    ("GroupCoordinator.__init__", "vllm.dist.group.init", "dist_init", _group_before, None),
 )
-_COMPILATION_BACKENDS: "tuple[Row, ...]" = (("VllmBackend.__call__", "vllm.compile", "compile", None, None),)
+_PYNCCL: "tuple[Row, ...]" = (
+    ("PyNcclCommunicator.__init__", "vllm.dist.pynccl.init", "dist_init", None, _communicator_after),
+)
+_CUSTOM_ALL_REDUCE: "tuple[Row, ...]" = (
+    ("CustomAllreduce.__init__", "vllm.dist.custom_all_reduce.init", "dist_init", None, _communicator_after),
+    ("_can_p2p", "vllm.dist.p2p_check", "dist_init", None, _p2p_check_after),
+)
+_ALL_REDUCE_UTILS: "tuple[Row, ...]" = (
+    ("gpu_p2p_access_check", "vllm.dist.gpu_p2p_access_check", "dist_init", None, _p2p_check_after),
+)
+_CUDA_COMMUNICATOR: "tuple[Row, ...]" = (
+    ("CudaCommunicator.__init__", "vllm.dist.device_communicator.init", "dist_init", None, _communicator_after),
+)
+_CPU_COMMUNICATOR: "tuple[Row, ...]" = (
+    ("CpuCommunicator.__init__", "vllm.dist.device_communicator.init", "dist_init", None, _communicator_after),
+)
+_COMPILATION_BACKENDS: "tuple[Row, ...]" = (
+    ("VllmBackend.__call__", "vllm.compile", "compile", None, _vllm_backend_after),
+)
 
 # Methods of the worker class vLLM resolves at run time (CPUWorker, Worker, XPUWorker, plugin
 # workers): wrapped on that class after WorkerWrapperBase.init_worker built the worker.
@@ -384,14 +844,19 @@ WORKER_METHODS: "tuple[tuple[str, str, str, After | None], ...]" = (
     ("initialize_from_config", "vllm.kv_cache.allocate", "kv_cache", None),
     ("compile_or_warm_up_model", "vllm.compile_or_warm_up", "compile", None),
 )
-# Methods of the model runner (built in init_device), wrapped on its class.
-MODEL_RUNNER_METHODS: tuple[tuple[str, str, str], ...] = (
-    ("profile_run", "vllm.kv_cache.profile_run", "kv_cache"),
-    ("capture_model", "vllm.cuda_graphs.capture", "cuda_graphs"),
-    ("warming_up_model", "vllm.warmup", "compile"),
+# Methods of the model runner (built in init_device), wrapped on its class. vLLM 0.32 marks
+# capture_model ("Capture model") and the CPU runner's warming_up_model ("Warmup (CPU)"): their rows
+# here apply to versions or runners that do not.
+MODEL_RUNNER_METHODS: "tuple[tuple[str, str, str, Before | None, After | None], ...]" = (
+    ("profile_run", "vllm.kv_cache.profile_run", "kv_cache", _profile_run_before, _profile_run_after),
+    ("capture_model", "vllm.cuda_graphs.capture", "cuda_graphs", None, None),
+    ("warming_up_model", "vllm.warmup", "warmup", None, None),
+    ("_warmup_and_capture", "cuda_graphs.capture", "cuda_graphs", _capture_before, _capture_after),
 )
 
+_COMMUNICATORS = "vllm.distributed.device_communicators"
 _HOOKS: "tuple[tuple[str, Callable[[Any], None]], ...]" = (
+    ("vllm.tracing", _patch_tracing),
     ("vllm.engine.arg_utils", _hook(_ARG_UTILS)),
     ("vllm.entrypoints.launchers.launcher", _hook(_LAUNCHER)),
     ("vllm.entrypoints.launchers.app", _hook(_APP)),
@@ -404,5 +869,10 @@ _HOOKS: "tuple[tuple[str, Callable[[Any], None]], ...]" = (
     ("vllm.v1.executor.multiproc_executor", _hook(_MULTIPROC_EXECUTOR)),
     ("vllm.v1.worker.worker_base", _hook(_WORKER_BASE)),
     ("vllm.distributed.parallel_state", _hook(_PARALLEL_STATE)),
+    (f"{_COMMUNICATORS}.pynccl", _hook(_PYNCCL)),
+    (f"{_COMMUNICATORS}.custom_all_reduce", _hook(_CUSTOM_ALL_REDUCE)),
+    (f"{_COMMUNICATORS}.all_reduce_utils", _hook(_ALL_REDUCE_UTILS)),
+    (f"{_COMMUNICATORS}.cuda_communicator", _hook(_CUDA_COMMUNICATOR)),
+    (f"{_COMMUNICATORS}.cpu_communicator", _hook(_CPU_COMMUNICATOR)),
     ("vllm.compilation.backends", _hook(_COMPILATION_BACKENDS)),
 )
