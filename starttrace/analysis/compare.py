@@ -1,4 +1,5 @@
-"""Run A vs run B: per phase, per rank, per module."""
+"""Run A vs run B: per phase (each process's exclusive breakdown, and time to ready along the
+critical path), per rank, per module, and the findings' predicted savings against the realised."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from starttrace.analysis.critical_path import path_phases
 from starttrace.analysis.findings.common import is_forkserver, preload_list
 from starttrace.analysis.findings.preload import covered_nodes
 from starttrace.analysis.model import Lane, RunModel
@@ -25,6 +27,8 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     preload_checks: list[dict[str, Any]] = field(default_factory=list)
     nodes: list[dict[str, Any]] = field(default_factory=list)  # per node, runs of several hosts (analysis/nodes.py)
+    ready_by_phase: list[dict[str, Any]] = field(default_factory=list)  # time to ready by phase (critical path)
+    compile_checks: list[dict[str, Any]] = field(default_factory=list)  # cold_compile: predicted vs realised
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -37,6 +41,8 @@ class Comparison:
             "notes": self.notes,
             "preload_checks": self.preload_checks,
             "nodes": self.nodes,
+            "ready_by_phase": self.ready_by_phase,
+            "compile_checks": self.compile_checks,
         }
 
 
@@ -85,6 +91,8 @@ def compare(a: RunModel, b: RunModel) -> Comparison:
         notes=notes,
         preload_checks=preload_checks(a, b),
         nodes=compare_nodes(a, b),
+        ready_by_phase=_deltas(path_phases(a), path_phases(b)),
+        compile_checks=compile_checks(a, b),
     )
 
 
@@ -105,28 +113,32 @@ def _summary(a: RunModel, b: RunModel) -> dict[str, Any]:
     }
 
 
-def _phase_totals(m: RunModel) -> dict[str, float]:
-    """Seconds per phase, summed over the lanes."""
-    tot: dict[str, float] = defaultdict(float)
+def _phase_totals(m: RunModel) -> dict[str, int]:
+    """Ns per part of the processes' exclusive breakdowns, summed over the lanes."""
+    tot: dict[str, int] = defaultdict(int)
     for lane in m.lanes:
-        for ph, ns in lane.phases.items():
-            tot[ph] += ns / 1e9
+        for label, ns in lane.breakdown.items():
+            tot[label] += ns
     return tot
 
 
 def _phases(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
-    pa, pb = _phase_totals(a), _phase_totals(b)
-    phases = [
+    return _deltas(_phase_totals(a), _phase_totals(b))
+
+
+def _deltas(pa: dict[str, int], pb: dict[str, int]) -> list[dict[str, Any]]:
+    """Per label: A's and B's seconds and B - A, the largest change first."""
+    rows = [
         {
             "phase": ph,
-            "a": round(pa.get(ph, 0.0), 6),
-            "b": round(pb.get(ph, 0.0), 6),
-            "delta": round(pb.get(ph, 0.0) - pa.get(ph, 0.0), 6),
+            "a": round(pa.get(ph, 0) / 1e9, 6),
+            "b": round(pb.get(ph, 0) / 1e9, 6),
+            "delta": round((pb.get(ph, 0) - pa.get(ph, 0)) / 1e9, 6),
         }
-        for ph in list(dict.fromkeys(list(a.phases) + list(b.phases)))
+        for ph in dict.fromkeys(list(pa) + list(pb))
     ]
-    phases.sort(key=lambda d: -abs(d["delta"]))
-    return phases
+    rows.sort(key=lambda d: -abs(d["delta"]))
+    return rows
 
 
 def _pair(x: float | None, y: float | None) -> dict[str, float | None]:
@@ -145,12 +157,13 @@ def _ranks(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
         la, lb = ka.get(key), kb.get(key)
         ta = a.seconds(la.ready_ns) if la is not None else None
         tb = b.seconds(lb.ready_ns) if lb is not None else None
-        ph_names = list(dict.fromkeys(list(la.phases if la else {}) + list(lb.phases if lb else {})))
+        da = la.breakdown if la else {}
+        db = lb.breakdown if lb else {}
         phases = {}
-        for ph in ph_names:
-            entry = _pair(la.phases.get(ph, 0) / 1e9 if la else None, lb.phases.get(ph, 0) / 1e9 if lb else None)
-            entry["a"] = round(la.phases[ph] / 1e9, 6) if la and ph in la.phases else None
-            entry["b"] = round(lb.phases[ph] / 1e9, 6) if lb and ph in lb.phases else None
+        for ph in dict.fromkeys(list(da) + list(db)):
+            entry = _pair(da.get(ph, 0) / 1e9 if la else None, db.get(ph, 0) / 1e9 if lb else None)
+            entry["a"] = round(da[ph] / 1e9, 6) if ph in da else None
+            entry["b"] = round(db[ph] / 1e9, 6) if ph in db else None
             phases[ph] = entry
         ranks.append(
             {
@@ -248,6 +261,36 @@ def _check_ranks(a: RunModel, b: RunModel, per_rank: list[dict[str, Any]], modul
                 "predicted_s": r["seconds"],
                 "realised_s": None if lb is None else round((la.import_ns - lb.import_ns) / 1e9, 6),
                 "still_imported_s": None if left is None else round(left, 6),
+            }
+        )
+    return out
+
+
+def compile_checks(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
+    """For each `cold_compile` finding of A: the saving it predicted (the backend compile of the
+    graphs that missed, slowest rank) against the realised one (A's exclusive compile seconds
+    minus B's, on the rank that was slowest in A), and B's cache hits and misses."""
+    out = []
+    kb = _lane_keys(b)
+    key_of = {lane.index: key for key, lane in _lane_keys(a).items()}
+    misses_b = sum(f.get("cache_misses", 0) for f in b.findings if f["kind"] == "cold_compile")
+    for f in a.findings:
+        if f["kind"] != "cold_compile":
+            continue
+        worst = max(f["lanes"], key=lambda i: a.lanes[i].breakdown.get("compile", 0))
+        key = key_of.get(worst, "")
+        lb = kb.get(key)
+        compile_a = a.lanes[worst].breakdown.get("compile", 0) / 1e9
+        compile_b = None if lb is None else lb.breakdown.get("compile", 0) / 1e9
+        out.append(
+            {
+                "key": key,
+                "cache_dirs": f["cache_dirs"],
+                "misses_a": f["cache_misses"],
+                "misses_b": misses_b,
+                "compile_s": _pair(compile_a, compile_b),
+                "predicted_saving_s": f["predicted_saving_s"],
+                "realised_saving_s": None if compile_b is None else round(compile_a - compile_b, 6),
             }
         )
     return out

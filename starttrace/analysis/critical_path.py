@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import operator
 
+from starttrace.analysis.breakdown import RENAMED, labels_between
 from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, PathStep, RunModel, SpanNode, select
 
 try:  # starttrace/_modelcore.c, built at install where a C compiler is there
@@ -27,7 +28,9 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
     wait, an idle stretch (the lane's last span before t ended earlier than a span of the lane
     that waited for it) means the lane was waiting for that one (a worker idles until the engine
     core sends its next request): the path goes back there. At the start of a lane, continue in
-    the lane that launched it, before its launch span. Time between chosen spans is a gap.
+    the lane that launched it, before its launch span. A child that exited before the span ended
+    counts as ending at its exit (the parent waited for it: `subprocess.run`, a join). Time between
+    chosen spans is a `gap` step (phase `unexplained`), so the steps add up to time to ready.
     """
     if not model.spans:
         return []
@@ -39,6 +42,7 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
         children_of.setdefault(span.lane, []).append((lanes[child_index], span))
     lane_i, t = _target(model)
     steps: list[PathStep] = []
+    gaps = _Gaps(lanes)
     entered: dict[int, int] = {}  # child lane -> the time the path last entered it from a wait
     waited_by: dict[int, int] = {}  # lane -> the lane whose span waited for it
     for _ in range(max_steps):
@@ -55,9 +59,11 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
                 break
             if launcher.start < t:
                 end = min(max(lanes[lane_i].start, launcher.start), t)
+                gaps.add(steps, lane_i, end, t)
                 steps.append(PathStep(launcher.lane, launcher.name, launcher.phase, launcher.start, end, "launch"))
             lane_i, t = launcher.lane, launcher.start
             continue
+        gaps.add(steps, lane_i, chosen.eff_end, t)  # the lane's time after its chosen span
         waited = _waited_child(chosen, children_of.get(lane_i, []), per_lane, ends, entered)
         if waited is not None:
             child, c_end = waited
@@ -76,8 +82,61 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
             continue
         steps.append(PathStep(lane_i, chosen.name, chosen.phase, chosen.start, chosen.eff_end))
         t = chosen.start
+    if steps:
+        gaps.add(steps, steps[-1].lane, model.t0, steps[-1].start)
     steps.reverse()
-    return steps
+    return _merged(steps)
+
+
+class _Gaps:
+    """Time the walk passed over in a lane with no step of its own: named by the innermost span
+    of that lane open over it (`self`: e.g. a compile's time between its imports; a busy loop's is
+    `wait`), else `gap` (phase `unexplained`). So the steps add up to the time to ready."""
+
+    def __init__(self, lanes: list[Lane]) -> None:
+        self.lanes = lanes
+        self.starts: dict[int, list[int]] = {}
+
+    def add(self, steps: list[PathStep], lane_i: int, a: int, b: int) -> None:
+        if b <= a:
+            return
+        cover = self._innermost(lane_i, a, b)
+        if cover is None:
+            steps.append(PathStep(lane_i, "(no span)", "unexplained", a, b, "gap"))
+        else:
+            steps.append(PathStep(lane_i, cover.name, RENAMED.get(cover.phase, cover.phase), a, b, "self"))
+
+    def _innermost(self, lane_i: int, a: int, b: int) -> SpanNode | None:
+        spans = self.lanes[lane_i].spans
+        starts = self.starts.get(lane_i)
+        if starts is None:
+            starts = self.starts[lane_i] = [n.start for n in spans]
+        k = bisect.bisect_right(starts, a) - 1
+        # the span that started last before `a`, then its ancestors: the first that covers [a, b]
+        node = spans[k] if k >= 0 else None
+        while node is not None:
+            if node.eff_end >= b and node.phase not in STRUCTURAL_PHASES and not node.instant:
+                return node
+            parent = node.parent_node
+            node = parent if parent is not None and parent.lane == lane_i else None
+        return None
+
+
+def _merged(steps: list[PathStep]) -> list[PathStep]:
+    """Adjacent steps of one span's own time (or of one gap) in one lane as one step."""
+    out: list[PathStep] = []
+    for st in steps:
+        prev = out[-1] if out else None
+        if (
+            prev is not None
+            and st.kind in ("self", "gap")
+            and (prev.kind, prev.lane, prev.name) == (st.kind, st.lane, st.name)
+            and prev.end == st.start
+        ):
+            prev.end = st.end
+        else:
+            out.append(st)
+    return out
 
 
 SELF_MIN_NS = 1_000_000  # a span's own time after its last child, shorter than this, is no step of its own
@@ -91,6 +150,22 @@ def path_by_lane(steps: list[PathStep]) -> list[tuple[int, int]]:
     for st in steps:
         total[st.lane] = total.get(st.lane, 0) + (st.end - st.start)
     return sorted(total.items(), key=lambda item: (-item[1], item[0]))
+
+
+def path_phases(model: RunModel) -> dict[str, int]:
+    """Phase -> ns of the critical path, most first: the run's time to ready by phase (the steps
+    add up to it, so these do too). Each step counts by its lane's exclusive timeline (a
+    bootstrap step that imported counts as import); time outside the lane's window by the step's
+    own phase."""
+    total: dict[str, int] = {}
+    for st in model.critical_path:
+        parts = labels_between(model.lanes[st.lane], st.start, st.end)
+        rest = (st.end - st.start) - sum(parts.values())
+        if rest > 0:
+            parts[st.phase] = parts.get(st.phase, 0) + rest
+        for label, ns in parts.items():
+            total[label] = total.get(label, 0) + ns
+    return dict(sorted(total.items(), key=lambda item: (-item[1], item[0])))
 
 
 _DURATION = operator.attrgetter("duration")
@@ -215,9 +290,15 @@ def _waited_child(
             continue  # a launch span waits for its own child only
         cend = ends[child.index]
         k = bisect.bisect_right(cend, span.eff_end) - 1
-        if k < 0:
+        c_end = cend[k] if k >= 0 else None
+        proc = child.process_span
+        if proc is not None and not proc.in_progress and proc.eff_end <= span.eff_end:
+            # a child that exited: the parent waited for its exit (subprocess.run, a join), which
+            # may come well after its last span (a helper's work that has no span of its own)
+            if c_end is None or proc.eff_end > c_end:
+                c_end = proc.eff_end
+        if c_end is None:
             continue
-        c_end = cend[k]
         if child.index in entered and c_end >= entered[child.index]:
             continue
         if c_end >= span.eff_end - slack and c_end > span.start and (best is None or c_end > best[1]):

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from starttrace import run as run_type
+from starttrace.analysis.breakdown import set_breakdowns
 from starttrace.analysis.critical_path import critical_path
 from starttrace.analysis.findings import cuda_audit, find_all, preload_advice_rows
 from starttrace.analysis.model import (
@@ -98,6 +99,7 @@ def _build(run: Run, now_ns: int | None, stall_s: float | None = None) -> RunMod
         updated_at=run.updated_at,
         source=run.source,
     )
+    set_breakdowns(model)
     model.hotspots = import_hotspots(model)
     model.cuda_audit = cuda_audit(model)
     model.critical_path = critical_path(model)

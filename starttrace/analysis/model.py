@@ -35,6 +35,7 @@ NAME_PHASES = {
     "process.launch": "launch",
     "process.fork": "fork",
     "process.bootstrap": "bootstrap",
+    "process.wait": "wait",
     "cuda.init": "cuda_init",
     "dist.init": "dist_init",
     "ready": "ready",
@@ -125,6 +126,10 @@ class Lane:
     import_ns: int = 0
     top_imports: list[tuple[str, int]] = field(default_factory=list)
     in_progress: list[SpanNode] = field(default_factory=list)
+    # the exclusive breakdown of [start, end] (analysis.breakdown): label -> ns, adding up to end - start
+    breakdown: dict[str, int] = field(default_factory=dict)
+    timeline: list[tuple[int, int, str]] = field(default_factory=list)  # its segments (start, end, label)
+    after_ready: bool = False  # started after the run was ready: no part of its time to ready
     launched_by: SpanNode | None = None  # the launch/fork span (in another lane) that made it
     node: str | None = None  # its host, in a run of several nodes (analysis/nodes.py)
 
@@ -164,7 +169,7 @@ class RunModel:
     t0: int
     t_end: int
     now_ns: int
-    status: str  # ready | finished | exited | running
+    status: str  # ready | finished | exited | killed | running (analysis/liveness.py)
     ready_ns: int | None
     lanes: list[Lane]
     spans: list[SpanNode]
@@ -177,6 +182,7 @@ class RunModel:
     updated_at: float | None = None
     source: str | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)  # analysis.findings (docs/findings.md)
+    span_frame: Any = field(default=None, repr=False)  # analysis.table.span_table, built once
 
     @property
     def live(self) -> bool:

@@ -1,7 +1,8 @@
-"""A tiny Llama model directory made offline: config + a BPE tokenizer trained on local text.
+"""A small Llama model directory made offline: config, a BPE tokenizer trained on local text and
+real safetensors weights (random values, two shards and their index, as a Hugging Face checkpoint).
 
-vLLM serves it with `--load-format dummy` (random weights: no weight files are needed), so the
-whole startup path runs (config, tokenizer, model construction, KV cache, API server) with no
+vLLM serves it with its defaults (real weights read from the shards, torch.compile on), so the
+whole startup path runs (config, tokenizer, weights, compile, KV cache, API server) with no
 download. Sizes follow the CPU backend's limits (head_dim 32: the CPU attention backend rejects 16).
 """
 
@@ -16,11 +17,11 @@ VOCAB_SIZE = 1024
 MODEL_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
+    "hidden_size": 256,
+    "intermediate_size": 768,
     "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
     "head_dim": 32,
     "hidden_act": "silu",
     "max_position_embeddings": 256,
@@ -35,7 +36,8 @@ MODEL_CONFIG = {
     "transformers_version": "4.56.0",
 }
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
-MARKER = ".starttrace-tiny-model"
+MARKER = ".starttrace-tiny-model-v2"  # v2: real safetensors weights
+SHARDS = 2
 
 
 def _local_text() -> Iterator[str]:
@@ -54,6 +56,60 @@ def make_tiny_model(directory: str | os.PathLike[str]) -> Path:
     target = Path(directory)
     if (target / MARKER).exists() and (target / "tokenizer.json").exists():
         return target
+    _write_tokenizer(target)
+    _write_weights(target)
+    (target / MARKER).write_text("made by starttrace.demo.model.make_tiny_model\n")
+    return target
+
+
+def weight_shapes() -> dict[str, tuple[int, ...]]:
+    """The tensors of a LlamaForCausalLM checkpoint of MODEL_CONFIG, by name."""
+    c = MODEL_CONFIG
+    hidden, inter, vocab = int(c["hidden_size"]), int(c["intermediate_size"]), int(c["vocab_size"])
+    heads, kv_heads, head_dim = int(c["num_attention_heads"]), int(c["num_key_value_heads"]), int(c["head_dim"])
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
+    for i in range(int(c["num_hidden_layers"])):
+        p = f"model.layers.{i}."
+        shapes[p + "self_attn.q_proj.weight"] = (heads * head_dim, hidden)
+        shapes[p + "self_attn.k_proj.weight"] = (kv_heads * head_dim, hidden)
+        shapes[p + "self_attn.v_proj.weight"] = (kv_heads * head_dim, hidden)
+        shapes[p + "self_attn.o_proj.weight"] = (hidden, heads * head_dim)
+        shapes[p + "mlp.gate_proj.weight"] = (inter, hidden)
+        shapes[p + "mlp.up_proj.weight"] = (inter, hidden)
+        shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+        shapes[p + "input_layernorm.weight"] = (hidden,)
+        shapes[p + "post_attention_layernorm.weight"] = (hidden,)
+    shapes["model.norm.weight"] = (hidden,)
+    shapes["lm_head.weight"] = (vocab, hidden)
+    return shapes
+
+
+def _write_weights(target: Path) -> None:
+    """Random float32 weights in SHARDS safetensors files plus model.safetensors.index.json."""
+    import torch
+    from safetensors.torch import save_file
+
+    gen = torch.Generator().manual_seed(0)
+    names = list(weight_shapes().items())
+    per_shard = -(-len(names) // SHARDS)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for k in range(SHARDS):
+        file = f"model-{k + 1:05d}-of-{SHARDS:05d}.safetensors"
+        tensors = {}
+        for name, shape in names[k * per_shard : (k + 1) * per_shard]:
+            if name.endswith("norm.weight"):
+                tensors[name] = torch.ones(shape)
+            else:
+                tensors[name] = torch.randn(shape, generator=gen) * 0.02
+            weight_map[name] = file
+            total += tensors[name].numel() * 4
+        save_file(tensors, str(target / file), metadata={"format": "pt"})
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (target / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _write_tokenizer(target: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     target.mkdir(parents=True, exist_ok=True)
@@ -91,8 +147,6 @@ def make_tiny_model(directory: str | os.PathLike[str]) -> Path:
     (target / "generation_config.json").write_text(
         json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}) + "\n"
     )
-    (target / MARKER).write_text("made by starttrace.demo.model.make_tiny_model\n")
-    return target
 
 
 if __name__ == "__main__":

@@ -55,9 +55,13 @@ def vllm_command(
     python: str | None = None,
     extra: Sequence[str] = (),
     launcher: str = "serve",
+    eager: bool = False,
+    dummy_weights: bool = False,
 ) -> list[str]:
     """`<bin>/vllm serve <model> ...` (launcher "serve", the default), or
-    `<python> -m vllm.entrypoints.launchers.api_server.entry --model <model> ...` ("module")."""
+    `<python> -m vllm.entrypoints.launchers.api_server.entry --model <model> ...` ("module").
+    vLLM's defaults unless asked otherwise: torch.compile on and the model's real weights;
+    `eager` adds `--enforce-eager`, `dummy_weights` adds `--load-format dummy`."""
     if launcher == "serve":
         head = [vllm_script(python), "serve", str(model)]
     elif launcher == "module":
@@ -70,11 +74,10 @@ def vllm_command(
         "127.0.0.1",
         "--port",
         str(port),
-        "--enforce-eager",
+        *(["--enforce-eager"] if eager else []),
         "-tp",
         str(tp),
-        "--load-format",
-        "dummy",
+        *(["--load-format", "dummy"] if dummy_weights else []),
         "--dtype",
         "float32",
         "--max-model-len",

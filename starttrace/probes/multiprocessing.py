@@ -430,6 +430,36 @@ def _patch_subprocess(module: "Any") -> None:
     __init__.__starttrace__ = True  # type: ignore[attr-defined]
     __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
     popen.__init__ = __init__
+    for method in ("wait", "communicate"):
+        _patch_popen_wait(popen, method)
+
+
+def _patch_popen_wait(popen: "Any", method: str) -> None:
+    """`process.wait` (phase `wait`, the child's pid) around `Popen.wait` and `Popen.communicate`
+    while the child runs: the analysis follows the wait into the child (subprocess.run, e.g. vLLM's
+    model-inspection helper). The outermost call only (communicate calls wait)."""
+    original = getattr(popen, method)
+
+    def wrapper(self: "Any", *args: "Any", **kwargs: "Any") -> "Any":
+        if not recorder.active() or self.returncode is not None or getattr(self, "_starttrace_waiting", False):
+            return original(self, *args, **kwargs)
+        pid = getattr(self, "pid", 0)
+        attrs = {"starttrace.phase": "wait", "starttrace.wait.call": f"Popen.{method}", **(_child_pid(pid) or {})}
+        span_id = recorder.begin("process.wait", attrs)
+        self._starttrace_waiting = True
+        try:
+            result = original(self, *args, **kwargs)
+        except BaseException as exc:
+            recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self._starttrace_waiting = False
+        recorder.end(span_id, {"process.exit_code": self.returncode} if isinstance(self.returncode, int) else None)
+        return result
+
+    wrapper.__starttrace__ = True  # type: ignore[attr-defined]
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(popen, method, wrapper)
 
 
 def _child_environment(env: "Any", extra: dict[str, str]) -> dict[str, str]:

@@ -48,6 +48,8 @@ PHASE_COLORS = {
     "device_init": "#fabfd2",
     "server_startup": "#79706e",
     "idle": "#e8e8e8",
+    "wait": "#c7c7c7",
+    "unexplained": "#f0f0f0",
     "other": "#bab0ac",
 }
 

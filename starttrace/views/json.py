@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from starttrace.analysis.critical_path import path_by_lane
+from starttrace.analysis.critical_path import path_by_lane, path_phases
 from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, RunModel, SpanNode
 from starttrace.analysis.nodes import node_rows
 
@@ -56,6 +56,8 @@ def to_json(model: RunModel, include_spans: bool = True) -> dict[str, Any]:
         "ranks": rank_table(model),
         "in_progress": in_progress[:200],
         "critical_path": _path_json(model),
+        # the run's time to ready by phase: the critical path's steps, by their lanes' exclusive timelines
+        "ready_by_phase": {label: round(ns / 1e9, 6) for label, ns in path_phases(model).items()},
         "critical_path_by_lane": [
             {"lane": lane, "label": model.lanes[lane].label, "seconds": round(ns / 1e9, 6)}
             for lane, ns in path_by_lane(model.critical_path)
@@ -93,6 +95,9 @@ def _lane_json(model: RunModel, lane: Lane) -> dict[str, Any]:
         "time_to_ready_s": s(lane.ready_ns),
         "ready_since_start_s": None if lane.ready_ns is None else round((lane.ready_ns - lane.start) / 1e9, 6),
         "phases": {ph: round(ns / 1e9, 6) for ph, ns in lane.phases.items()},
+        # exclusive: each instant of [start_s, end_s] to the innermost span's phase; adds up to end_s - start_s
+        "breakdown": {label: round(ns / 1e9, 6) for label, ns in lane.breakdown.items()},
+        "after_ready": lane.after_ready,
         "import_s": round(lane.import_ns / 1e9, 6),
         "top_imports": [{"module": m, "seconds": round(d / 1e9, 6)} for m, d in lane.top_imports],
         "coverage": None if lane.coverage is None else round(lane.coverage, 4),
@@ -135,6 +140,7 @@ def rank_table(model: RunModel) -> list[dict[str, Any]]:
                 "pid": lane.pid,
                 "time_to_ready_s": model.seconds(lane.ready_ns),
                 "phases": {ph: round(ns / 1e9, 6) for ph, ns in lane.phases.items()},
+                "breakdown": {label: round(ns / 1e9, 6) for label, ns in lane.breakdown.items()},
                 "coverage": None if lane.coverage is None else round(lane.coverage, 4),
             }
         )

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from starttrace.analysis.compare import Comparison
-from starttrace.analysis.critical_path import path_by_lane
+from starttrace.analysis.critical_path import path_by_lane, path_phases
 from starttrace.analysis.model import STRUCTURAL_PHASES, RunModel
 from starttrace.analysis.nodes import node_rows
 
@@ -220,30 +220,51 @@ def _processes(model: RunModel, console: Console, wide: bool) -> None:
 
 
 def _phases(model: RunModel, console: Console, wide: bool) -> None:
-    phases = [p for p in model.phases if p not in ("ready",)]
-    if not phases:
+    """Each process's exclusive breakdown of its time to ready (the parts add up to it); the
+    processes that started after the run was ready on one line."""
+    lanes = [lane for lane in model.lanes if lane.breakdown]
+    if not lanes:
         return
-    # as many phase columns as the console has room for, the costliest first (all of them are
-    # in `report --json` and on the web page)
-    totals = {ph: sum(lane.phases.get(ph, 0) for lane in model.lanes) for ph in phases}
-    label_w = max(len(lane.label) for lane in model.lanes) if model.lanes else 7
-    room = console.width - label_w
+    totals: dict[str, int] = {}
+    for lane in lanes:
+        for label, ns in lane.breakdown.items():
+            totals[label] = totals.get(label, 0) + ns
+    # as many columns as the console has room for, the costliest first (all of them are in
+    # `report --json` and on the web page)
+    label_w = max(len(lane.label) for lane in lanes)
+    room = console.width - label_w - 10
     shown: list[str] = []
-    for ph in sorted(phases, key=lambda ph: -totals[ph]):
-        need = max(len(ph), 7) + 3
+    for label in sorted(totals, key=lambda k: (-totals[k], k)):
+        need = max(len(label), 7) + 3
         if not wide and room - need < 0:
             continue
         room -= need
-        shown.append(ph)
-    hidden = len(phases) - len(shown)
-    ordered = [ph for ph in phases if ph in shown]
-    title = "seconds per phase" + (f" (the {len(ordered)} costliest; {hidden} more in --json)" if hidden else "")
-    cols = [Col("process")] + [Col(ph, "right") for ph in ordered]
-    for lane in model.lanes:
+        shown.append(label)
+    hidden = len(totals) - len(shown)
+    title = "where each process's time to ready went (s; exclusive: the parts add up to its total)" + (
+        f" ({hidden} more parts in --json)" if hidden else ""
+    )
+    cols = [Col("process"), Col("total", "right")] + [Col(label, "right") for label in shown]
+    for lane in lanes:
         cols[0].cells.append(lane.label)
-        for col, ph in zip(cols[1:], ordered, strict=True):
-            col.cells.append(_s(lane.phases[ph] / 1e9) if ph in lane.phases else "")
+        cols[1].cells.append(_s((lane.end - lane.start) / 1e9))
+        for col, label in zip(cols[2:], shown, strict=True):
+            ns = lane.breakdown.get(label)
+            col.cells.append(_s(ns / 1e9) if ns else "")
     _table(console, title, cols, wide)
+    later = [lane for lane in model.lanes if lane.after_ready]
+    if later:
+        roles = sorted({lane.role or "process" for lane in later})
+        console.print(f"after ready: {len(later)} more process(es) ({', '.join(roles)}), not part of time to ready")
+    by_phase = path_phases(model)
+    if by_phase:
+        cols = [Col("phase", flex=True), Col("seconds", "right"), Col("share", "right")]
+        total = sum(by_phase.values()) or 1
+        for label, ns in by_phase.items():
+            cols[0].cells.append(label)
+            cols[1].cells.append(f"{ns / 1e9:.3f}")
+            cols[2].cells.append(f"{ns / total:.0%}")
+        _table(console, "time to ready by phase, along the critical path", cols, wide)
 
 
 def _in_progress(model: RunModel, console: Console, wide: bool) -> None:
@@ -336,16 +357,38 @@ def render_compare(cmp: Comparison, console: Console, wide: bool = False) -> Non
     for note in cmp.notes:
         console.print(Text(note))
     _preload_check(cmp, console, wide)
+    _compile_check(cmp, console)
+    _delta_table(console, "time to ready by phase, along the critical path", cmp.ready_by_phase, wide)
+    _delta_table(console, "exclusive breakdown, summed over processes", cmp.phases, wide)
+    _compare_nodes(cmp, console, wide)
+    _compare_ranks(cmp, console, wide)
+    _compare_modules(cmp, console, wide)
+
+
+def _delta_table(console: Console, title: str, rows: list[dict[str, Any]], wide: bool) -> None:
+    if not rows:
+        return
     cols = [Col("phase", flex=True), Col("A s", "right"), Col("B s", "right"), Col("delta s", "right")]
-    for p in cmp.phases:
+    for p in rows:
         cols[0].cells.append(p["phase"])
         cols[1].cells.append(_s(p["a"]))
         cols[2].cells.append(_s(p["b"]))
         cols[3].cells.append(_signed(p["delta"]))
-    _table(console, "phases (summed over processes)", cols, wide)
-    _compare_nodes(cmp, console, wide)
-    _compare_ranks(cmp, console, wide)
-    _compare_modules(cmp, console, wide)
+    _table(console, title, cols, wide)
+
+
+def _compile_check(cmp: Comparison, console: Console) -> None:
+    """A's cold_compile findings: the saving predicted, and the one B realised."""
+    for c in cmp.compile_checks:
+        realised = c["realised_saving_s"]
+        got = "no matching process in B" if realised is None else f"realised {realised:.3f} s"
+        console.print(
+            Text(
+                f"cold compile ({c['key']}): A missed the compile cache {c['misses_a']} time(s), B "
+                f"{c['misses_b']}; compile {_s(c['compile_s']['a'])} s -> {_s(c['compile_s']['b'])} s; "
+                f"predicted saving {c['predicted_saving_s']:.3f} s, {got}"
+            )
+        )
 
 
 def _compare_nodes(cmp: Comparison, console: Console, wide: bool) -> None:

@@ -1,7 +1,8 @@
 """Findings: what the analysis concludes about a run, each `{kind, severity, pids, lanes,
 seconds, text, action}` plus kind-specific keys (docs/findings.md).
 
-Kinds: `stalled` (live runs), `cuda_before_fork`, `unused_forkserver`, `preload`, `straggler`.
+Kinds: `stalled` (live runs), `cuda_before_fork`, `unused_forkserver`, `preload`, `straggler`,
+`cold_compile`, `slow_weights`, `graph_capture`, `kv_profile`, and the multi-node ones.
 Every view (JSON, page, terminal, `starttrace advise`) shows this same list, most severe first.
 """
 
@@ -11,12 +12,16 @@ import os
 from typing import Any
 
 from starttrace.analysis.findings.common import SEVERITIES
+from starttrace.analysis.findings.compile import cold_compile_findings
 from starttrace.analysis.findings.cuda import cuda_audit, cuda_findings
 from starttrace.analysis.findings.forkservers import unused_forkserver_findings
+from starttrace.analysis.findings.graphs import graph_capture_findings
+from starttrace.analysis.findings.kv_profile import kv_profile_findings
 from starttrace.analysis.findings.nodes import node_findings
 from starttrace.analysis.findings.preload import preload_findings
 from starttrace.analysis.findings.stalled import DEFAULT_STALL_S, stalled_findings
 from starttrace.analysis.findings.stragglers import straggler_findings
+from starttrace.analysis.findings.weights import slow_weights_findings
 from starttrace.analysis.model import RunModel
 
 __all__ = ["cuda_audit", "find_all", "preload_advice_rows", "preload_modules", "stall_seconds"]
@@ -41,6 +46,10 @@ def find_all(model: RunModel, stall_s: float | None = None) -> list[dict[str, An
         *preload_findings(model),
         *straggler_findings(model),
         *node_findings(model),
+        *cold_compile_findings(model),
+        *slow_weights_findings(model),
+        *graph_capture_findings(model),
+        *kv_profile_findings(model),
     ]
     rank = {sev: i for i, sev in enumerate(SEVERITIES)}
     found.sort(key=lambda f: (rank.get(f["severity"], 9), -(f["seconds"] or 0)))

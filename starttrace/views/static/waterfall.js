@@ -9,7 +9,8 @@
     launch: "#f28e2b", fork: "#ff9d9a", bootstrap: "#edc948", cuda_init: "#e15759", dist_init: "#76b7b2",
     model_load: "#59a14f", compile: "#8cd17d", kv_cache: "#b6992d", cuda_graphs: "#499894",
     ready: "#2ca02c", other: "#bab0ac",
-    api_server: "#86bcb6", config: "#d7b5a6", engine_init: "#9c755f", executor_init: "#f1ce63", worker_init: "#a0cbe8", device_init: "#fabfd2", server_startup: "#79706e", idle: "#e8e8e8"
+    api_server: "#86bcb6", config: "#d7b5a6", engine_init: "#9c755f", executor_init: "#f1ce63", worker_init: "#a0cbe8", device_init: "#fabfd2", server_startup: "#79706e", idle: "#e8e8e8",
+    wait: "#c7c7c7", unexplained: "#f0f0f0"
   };
   var AXIS_H = 26, LANE_H = 26, ROW_H = 15, MAX_ROWS = 60;
   var F_PROGRESS = 1, F_INSTANT = 2, F_ERROR = 4;
@@ -382,9 +383,13 @@
         }
       }
     });
-    // ready marker
+    // ready marker; time after ready (busy loops, helpers of the running server) dimmed
     if (data.ready_s !== null) {
       var rx = xOf(data.ready_s * 1e6, w);
+      if (rx < w) {
+        ctx.fillStyle = "rgba(255,255,255,0.6)";
+        ctx.fillRect(Math.max(0, rx), AXIS_H, w - Math.max(0, rx), h - AXIS_H);
+      }
       ctx.fillStyle = "#2ca02c";
       ctx.fillRect(rx, AXIS_H, 2, h - AXIS_H);
     }
@@ -403,7 +408,10 @@
 
   // ------------------------------------------------------------------ view
   function resetView() {
+    // the window the page opens on: the run's start to its ready (time after ready is dimmed and
+    // one zoom-out away), else to the run's last moment
     var end = data && data.live ? Math.max(totalUs, nowUs()) : totalUs;
+    if (data && data.ready_s !== null && data.ready_s > 0) { end = Math.min(end, data.ready_s * 1e6); }
     view.t0 = 0;
     view.t1 = Math.max(10, end * 1.02);
     userZoomed = false;
