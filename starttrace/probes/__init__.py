@@ -27,6 +27,12 @@ PROBES = (
 LAZY_PROBES: "dict[str, tuple[str, ...]]" = {
     "starttrace.probes.torch": ("torch.cuda", "torch.distributed", "torch.accelerator"),
     "starttrace.probes.compile": ("torch._dynamo.utils",),
+    "starttrace.probes.weights": (
+        "safetensors",
+        "safetensors.torch",
+        "torch.serialization",
+        "huggingface_hub.file_download",
+    ),
     "starttrace.probes.vllm": (
         "vllm.tracing",
         "vllm.engine.arg_utils",
