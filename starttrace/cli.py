@@ -228,22 +228,15 @@ def _run_row(path: Path) -> dict[str, Any]:
         meta = json.loads((path / "run.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         pass
-    from starttrace.sources.journal_files import journal_files, journal_lines
+    from starttrace.analysis.liveness import run_status
+    from starttrace.sources.journal_files import journal_files
+    from starttrace.sources.journal_reader import ReaderError, read_run
 
     journals = journal_files(path)  # one per process, either format version (docs/journal.md)
-    status = "running"
-    blobs = []
-    for journal in journals:
-        try:
-            blobs.append(b"\n".join(journal_lines(journal)))
-        except OSError:
-            continue
-    if any(b'"n":"ready"' in blob for blob in blobs):
-        status = "ready"
-    elif any(b'"starttrace.ended_by":"root_exit"' in blob for blob in blobs):
-        status = "exited"
-    elif journals and not _root_alive(blobs):
-        status = "killed"
+    try:  # the model's status (analysis/liveness.py): `report` and the service say the same
+        status = run_status(read_run(path))
+    except ReaderError:
+        status = "unreadable"
     created = meta.get("created_epoch_ns")
     when = datetime.utcfromtimestamp(created / 1e9).strftime("%Y-%m-%d %H:%M:%S") if isinstance(created, int) else "-"
     argv = meta.get("argv") or []
@@ -254,22 +247,6 @@ def _run_row(path: Path) -> dict[str, Any]:
         "processes": len(journals),
         "status": status,
     }
-
-
-def _root_alive(blobs: list[bytes]) -> bool:
-    for blob in blobs:
-        first = blob.split(b"\n", 1)[0]
-        try:
-            record = json.loads(first)
-        except ValueError:
-            continue
-        if record.get("method") == "root":
-            try:
-                os.kill(int(record["pid"]), 0)
-                return True
-            except (OSError, KeyError, ValueError):
-                return False
-    return False
 
 
 @app.command()

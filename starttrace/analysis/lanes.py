@@ -11,6 +11,7 @@ from starttrace import run as run_type
 from starttrace.analysis.breakdown import set_breakdowns
 from starttrace.analysis.critical_path import critical_path
 from starttrace.analysis.findings import cuda_audit, find_all, preload_advice_rows
+from starttrace.analysis.liveness import dead_lanes, end_open_spans
 from starttrace.analysis.model import (
     GAP_MIN_NS,
     MAX_GAPS,
@@ -63,7 +64,11 @@ def _build(run: Run, now_ns: int | None, stall_s: float | None = None) -> RunMod
     # nodes are sorted by start: the first match is the earliest
     ready_ns = next((n.start for n in select(nodes, (), ("ready",))), None)
     roots = [n for n in select(nodes, ("startup",)) if n.parent not in by_id]
+    dead = dead_lanes(run, lanes_by_id)  # liveness from evidence (analysis/liveness.py)
     status = _status(ready_ns, roots, list(lanes_by_id.values()))
+    if dead:
+        status = "killed" if status == "exited" else status
+        end_open_spans(dead, nodes)
     t_first = nodes[0].start if nodes else None
     t_last = _last_time(nodes)
     t_eff = max(now, t_last) if status == "running" else t_last

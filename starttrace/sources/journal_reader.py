@@ -189,7 +189,7 @@ def _resource(record: dict[str, Any], attrs: dict[str, Any], run_id: str) -> dic
     return resource
 
 
-def _alive(pid: int, created_mono: int, host: str) -> bool | None:
+def process_alive(pid: int, created_mono: int, host: str) -> bool | None:
     """Is the journal's process still running (same pid, same creation time)? None: another host."""
     if host and host != os.uname().nodename:
         return None
@@ -273,7 +273,8 @@ def read_run(run_dir: Path) -> Run:
             activated_ns=int(record.get("activated", mono)) - mono + epoch,
             record=record,
         )
-        process.alive = False if process.exited else _alive(process.pid, created_mono, str(record.get("host", "")))
+        host = str(record.get("host", ""))
+        process.alive = False if process.exited else process_alive(process.pid, created_mono, host)
         processes.append(process)
 
     _add_clock_states(run_dir, processes)

@@ -54,6 +54,7 @@ class JournalWatcher:
         self.on_error = on_error
         self._signatures: dict[str, Signature] = {}
         self._sent: dict[str, dict[str, tuple[Any, ...]]] = {}
+        self._running: dict[str, list[tuple[int, int, str]]] = {}  # run folder -> (pid, created, host) alive
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
@@ -96,7 +97,7 @@ class JournalWatcher:
         for run_dir in list_run_dirs(self.root):
             sig = _signature(run_dir)
             key = str(run_dir)
-            if self._signatures.get(key) == sig:
+            if self._signatures.get(key) == sig and not self._someone_died(key):
                 continue
             if cutoff is not None and sig and max(m for _, _, m in sig) / 1e9 < cutoff:
                 self._signatures[key] = sig
@@ -109,10 +110,23 @@ class JournalWatcher:
                 self._signatures[key] = sig
                 continue
             self._signatures[key] = sig
+            # processes found running: a kill -9 changes no file, so they are looked at every pass
+            self._running[key] = [
+                (p.pid, int(p.record.get("created", p.record.get("activated", p.record.get("anchor_mono", 0)))), p.host)
+                for p in run.processes
+                if p.alive
+            ]
             self.store.submit(self._batch(run), block=True)
             self._forget_moved_from(run)
             changed += 1
         return changed
+
+    def _someone_died(self, key: str) -> bool:
+        """A process the last read found running is gone (or its pid is another process now):
+        the run is read again, so its lanes end as `killed` (analysis/liveness.py)."""
+        from starttrace.sources.journal_reader import process_alive
+
+        return any(process_alive(pid, created, host) is False for pid, created, host in self._running.get(key, ()))
 
     def _forget_moved_from(self, run: Any) -> None:
         """A torchrun agent's journal starts in its command line's run and moves into its launch's

@@ -50,7 +50,8 @@ def test_run_passes_the_exit_code_and_summarizes(
     assert run_id in listing.stdout
     rows = json.loads(cli("runs", "--dir", str(journal_root), "--json").stdout)
     assert [row["run_id"] for row in rows] == [run_id]
-    assert rows[0]["processes"] == 1 and rows[0]["status"] == "exited"
+    # the model's status (analysis/liveness.py): the startup span ended with the root's exit
+    assert rows[0]["processes"] == 1 and rows[0]["status"] == "finished"
     assert "sys.exit(3)" in rows[0]["command"]
 
     report = cli("report", run_id[:17], "--dir", str(journal_root))  # a unique prefix is enough
@@ -59,7 +60,7 @@ def test_run_passes_the_exit_code_and_summarizes(
     assert "main" in report.stdout
     as_json = cli("report", run_id, "--dir", str(journal_root), "--json")
     assert as_json.returncode == 0, as_json.stderr
-    assert run_id in as_json.stdout and json.loads(as_json.stdout)
+    assert run_id in as_json.stdout and json.loads(as_json.stdout)["status"] == rows[0]["status"]
 
 
 def test_run_of_a_missing_program(cli: Callable[..., subprocess.CompletedProcess[str]], journal_root: Path) -> None:

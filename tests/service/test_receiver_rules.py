@@ -150,7 +150,9 @@ def test_store_saturated_429_retry_after(make_client: Callable[..., TestClient])
     answers: list[int] = []
     with store.write_lock:  # stall the writer
         # the first request is queued, and answered only once its spans are committed
-        first = threading.Thread(target=lambda: answers.append(c.post("/v1/traces", content=body, headers=PB).status_code))
+        first = threading.Thread(
+            target=lambda: answers.append(c.post("/v1/traces", content=body, headers=PB).status_code)
+        )
         first.start()
         wait_for(lambda: store.queued_spans > 0)
         time.sleep(0.2)

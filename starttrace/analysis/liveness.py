@@ -1,0 +1,98 @@
+"""Liveness from evidence: which processes of a run are dead, and how their open spans end.
+
+A process counts as running only while its pid is alive *and* is the same process: the journal
+reader compares the start time in `/proc/<pid>/stat` with the journal's (`Process.alive`); the
+journal watcher stores a process it found dead as exited. A process that is dead without having
+recorded its exit (its `process` span still open) was `killed`; one whose journal was cut short
+(a full disk: the journal's own `cannot extend journal` / `journal disabled` warning) is `lost`
+from its last record on, alive or not. Either way its open spans end at its last record, with the
+reason as their error, so nothing of it grows with the clock, is called in progress or `stalled`.
+
+`run_status(run)` is the run's one status (`ready`, `finished`, `exited`, `killed`, `running`),
+the model's (`lanes._status`) computed from the run type alone: `starttrace runs` lists it
+without building models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from starttrace.run import Process, Run
+
+CUT_MARKS = ("cannot extend journal", "journal disabled")
+
+
+def journal_cut(warnings: Iterable[str]) -> str | None:
+    """The journal's own warning that it ends early (a full disk), if any."""
+    return next((w for w in warnings if any(m in w for m in CUT_MARKS)), None)
+
+
+def ending(process: Process) -> tuple[str | None, bool]:
+    """(`lost` (journal cut short) | `killed` (dead, no exit recorded) | None, dead)."""
+    own = process.process_span
+    still_open = own is None or own.open
+    dead = bool(process.exited) or process.alive is False
+    if still_open and journal_cut(process.warnings or []) is not None:
+        return "lost", dead
+    return ("killed" if dead and still_open else None), dead
+
+
+def dead_lanes(run: Run, lanes_by_id: dict[str, Any]) -> dict[int, tuple[Any, str]]:
+    """The lanes of killed or lost processes (by id of the Lane), each with why. Every dead
+    process's lane is marked exited, and a killed or lost one says why in its warnings."""
+    out: dict[int, tuple[Any, str]] = {}
+    for p in run.processes:
+        why, dead = ending(p)
+        lane = lanes_by_id[p.instance_id]
+        if dead:
+            lane.exited = True
+        if why is None:
+            continue
+        out[id(lane)] = (lane, why)
+        text = (
+            "killed: the process died without recording its exit; its open spans end at its last record"
+            if why == "killed"
+            else "lost: its journal was cut short (disk full?); nothing after its last record is known"
+        )
+        if text not in lane.warnings:
+            lane.warnings.append(text)
+    return out
+
+
+def end_open_spans(ended: dict[int, tuple[Any, str]], nodes: list[Any]) -> None:
+    """End the open span nodes of the killed or lost lanes (`dead_lanes`) at the lane's last
+    record, the reason as their error (the nodes' `lane` is still the Lane object here)."""
+    if not ended:
+        return
+    last: dict[int, int] = {}
+    for n in nodes:
+        key = id(n.lane)
+        if key in ended:
+            t = n.start if n.end is None else n.end
+            if t > last.get(key, 0):
+                last[key] = t
+    for n in nodes:
+        entry = ended.get(id(n.lane))
+        if entry is not None and n.in_progress:
+            n.in_progress = False
+            n.end = max(last.get(id(n.lane), n.start), n.start)
+            n.instant = False
+            if not n.error:
+                n.error = f"{entry[1]}: the process ended before this span did (ended at its last record)"
+
+
+def run_status(run: Run) -> str:
+    """The run's status as the model gives it (`lanes._status`, with `dead_lanes`)."""
+    if any(s.name == "ready" for p in run.processes for s in p.spans):
+        return "ready"
+    ids = {s.span_id for p in run.processes for s in p.spans}
+    roots = [s for s in run.root_spans if s.name == "startup"] or [
+        s for p in run.processes for s in p.spans if s.name == "startup" and s.parent_id not in ids
+    ]
+    if roots and all(not s.open for s in roots):
+        return "finished"
+    states = [ending(p) for p in run.processes]
+    if states and all(dead for _, dead in states):
+        return "killed" if any(why is not None for why, _ in states) else "exited"
+    return "running"
