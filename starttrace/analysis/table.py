@@ -35,10 +35,17 @@ def _i64(t: int) -> int:
 
 
 def span_table(model: RunModel) -> pl.DataFrame:
-    """The table of `model.spans`, built once per model (cached on it)."""
+    """The table of the model's spans, built once per model (cached on it). Imports nested in an
+    import of the same lane are left out: they never change which phase an instant belongs to
+    (their parent is an import too) and no pass over the table asks for them (the import passes
+    walk the span tree); in a big run they are nine spans in ten."""
     if model.span_frame is not None:
         return model.span_frame  # type: ignore[no-any-return]
-    spans = model.spans
+    spans = [
+        n
+        for n in model.spans
+        if n.phase != "import" or (p := n.parent_node) is None or p.phase != "import" or p.lane != n.lane
+    ]
     parents: list[int | None] = []
     for n in spans:
         p = n.parent_node
