@@ -70,7 +70,11 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
             entered[child.index] = c_end
             waited_by[child.index] = lane_i
             if chosen.eff_end > c_end:
-                steps.append(PathStep(lane_i, chosen.name, chosen.phase, c_end, chosen.eff_end, "wait"))
+                if _explicit_wait(chosen) and _exited_by(child, c_end):
+                    # the child's exit after its last record (interpreter shutdown), until the wait returned
+                    steps.append(PathStep(child.index, "(exiting)", "exit", c_end, chosen.eff_end, "gap"))
+                else:
+                    steps.append(PathStep(lane_i, chosen.name, chosen.phase, c_end, chosen.eff_end, "wait"))
             lane_i, t = child.index, c_end
             continue
         inner = _last_inner(chosen, t)
@@ -270,6 +274,16 @@ def _last_ended(cand: list[SpanNode], cend: list[int], t: int) -> SpanNode | Non
     return None
 
 
+def _explicit_wait(span: SpanNode) -> bool:
+    """A span that waited for one named child process (`process.wait`: Popen.wait/communicate)."""
+    return span.phase == "wait" and isinstance(span.attrs.get("starttrace.child_pid"), int)
+
+
+def _exited_by(child: Lane, t: int) -> bool:
+    proc = child.process_span
+    return proc is not None and not proc.in_progress and proc.eff_end <= t
+
+
 def _waited_child(
     span: SpanNode,
     children: list[tuple[Lane, SpanNode]],
@@ -278,11 +292,14 @@ def _waited_child(
     entered: dict[int, int],
 ) -> tuple[Lane, int] | None:
     """The child process `span` was waiting for: launched before `span` ended, and its own work
-    ended just before `span` did (within 5 % of the span or 2 ms). A child the path entered
-    before is entered again only at an earlier time (so the walk ends)."""
+    ended just before `span` did (within 5 % of the span or 2 ms; for a `process.wait` naming the
+    child, any time before the wait returned). A child the path entered before is entered again
+    only at an earlier time (so the walk ends)."""
     best: tuple[Lane, int] | None = None
     slack = max(2_000_000, (span.eff_end - span.start) // 20)
     own_child = span.attrs.get("starttrace.child_pid")
+    if _explicit_wait(span):
+        slack = span.eff_end - span.start  # a wait for a named child (Popen.wait): whatever its exit took
     for child, launch in children:
         if launch.start > span.eff_end:
             continue

@@ -133,6 +133,9 @@ def test_the_critical_path_follows_a_wait_into_the_subprocess() -> None:
     assert ("import vllm.model_executor.models", "span") in in_helper
     # the helper's inspection (no span) is its own time on the path, not the API server's config
     assert sum(st.end - st.start for st in path if st.lane == helper) >= (3_490 - 1_050) * MS
+    # from its last record to the wait's return: the helper exiting, on its own lane
+    exiting = [(st.lane, st.kind, st.start, st.end) for st in path if st.name == "(exiting)"]
+    assert exiting == [(helper, "gap", T0 + 3_490 * MS, T0 + 3_500 * MS)]
     config_self = sum(st.end - st.start for st in path if st.name == "vllm.create_engine_config")
     assert config_self == (4_000 - 3_500 + 1_010 - 1_000) * MS  # after the wait, and before the launch
     phases = path_phases(m)
