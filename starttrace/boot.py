@@ -111,8 +111,10 @@ def activate() -> None:
         if verdict == "off" or os.environ.get(ENV_INTERNAL) == "1" or os.environ.get(ENV_DISABLED) or recorder.active():
             return
         _activate()
-    except _Disabled:
+    except _Disabled as exc:
         recorder.detach()
+        # fail closed: the tree under this process stays untraced and silent (said once, above)
+        os.environ[ENV_DISABLED] = str(exc) or "tracing failed"
     except Exception as exc:
         recorder.report(f"tracing is off: {type(exc).__name__}: {exc}", key="activate")
         recorder.detach()
@@ -139,6 +141,7 @@ def _activate() -> None:
             state.anchor_mono, state.anchor_epoch = int(mono), int(epoch)
     else:
         _create_run(now)
+    recorder.to_stderr = state.is_root  # only the root reports on stderr
     ppid = os.getppid()
     parent_span = None
     launch_pid = None
@@ -165,6 +168,8 @@ def _activate() -> None:
     probes = load_all()
     _hide_footprint(before)
     _open_journal(parent_span, launch_pid, created, now)
+    if state.is_root:  # said once the run can be recorded: a failure above is the root's one line
+        os.write(2, f"starttrace: tracing run {state.run_id} -> {state.run_dir}\n".encode("utf-8", "replace"))
     cost = journal.footprint.get("mmap")
     if "mmap" not in sys.modules and cost is not None:
         # the program's own `import mmap` will not load its shared library again: credit the cost
@@ -215,7 +220,6 @@ def _create_run(now: int) -> None:
     with open(os.path.join(state.run_dir, "run.json"), "w", encoding="utf-8") as handle:
         handle.write(encode(meta) + "\n")
     state.parent_of_root = parent_span
-    os.write(2, f"starttrace: tracing run {state.run_id} -> {state.run_dir}\n".encode("utf-8", "replace"))
 
 
 def _export_run_environment() -> None:
@@ -353,10 +357,13 @@ def _open_journal(parent_span: str | None, launch_pid: int | None, created: int,
     try:
         writer = JournalWriter(os.path.join(state.run_dir, f"{os.getpid()}-{instance}"))
     except OSError as exc:
-        recorder.report(
-            f"cannot write journal in {state.run_dir}: {exc}; tracing is off in this process", key="journal-open"
-        )
-        raise _Disabled() from None
+        if state.is_root:  # the run cannot be recorded at all: tracing is off for the whole tree
+            message = f"cannot write journal in {state.run_dir}: {exc}; tracing is off for this run"
+            _remove_run_dir()
+        else:
+            message = f"cannot write journal in {state.run_dir}: {exc}; tracing is off in this process"
+        recorder.report(message, key="journal-open")
+        raise _Disabled(message) from None
     process_span = recorder.new_span_id()
     recorder.attach(writer, process_span)
     recorder.process_attrs.clear()
@@ -389,6 +396,17 @@ def _open_journal(parent_span: str | None, launch_pid: int | None, created: int,
 
 class _Disabled(Exception):
     pass
+
+
+def _remove_run_dir() -> None:
+    """The root could not open its journal: take away the run folder it made (run.json only), so
+    no run without a journal is left behind. Anything else in it (another run's) stays."""
+    try:
+        if os.listdir(state.run_dir) == ["run.json"]:
+            os.unlink(os.path.join(state.run_dir, "run.json"))
+            os.rmdir(state.run_dir)
+    except OSError:
+        pass
 
 
 def _disable(message: str) -> None:
@@ -616,6 +634,7 @@ def _after_fork_in_child() -> None:
         state.ready = False
         state.ended = False
         state.is_root = False
+        recorder.to_stderr = False
         state.role = ""
         state.in_launch = 0
         state.bootstrap_span = ""

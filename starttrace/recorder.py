@@ -29,6 +29,9 @@ _stacks: "dict[int, list[str]]" = {}
 _main_ident: int = get_ident()
 _foreign: "set[str]" = set()  # spans begun by the parent before a fork: the child must not end them
 _reported: "set[str]" = set()
+# Only the run's root process says anything on stderr (boot sets this): a traced program's
+# children stay silent, their failures go to their journal, else show as missing (`problems`).
+to_stderr = True
 # Begin records held back until the span proves long enough (STARTTRACE_MIN_IMPORT_US > 0):
 # span id -> (begin line, begin time). Written before any descendant, so parents always exist.
 pending: "dict[str, tuple[str, int]]" = {}
@@ -119,10 +122,11 @@ def report(message: str, key: "str | None" = None) -> None:
     if key in _reported:
         return
     _reported.add(key)
-    try:
-        os.write(2, f"starttrace: {message} (pid {os.getpid()})\n".encode("utf-8", "replace"))
-    except OSError:
-        pass
+    if to_stderr:
+        try:
+            os.write(2, f"starttrace: {message} (pid {os.getpid()})\n".encode("utf-8", "replace"))
+        except OSError:
+            pass
     if _writer is not None:
         write('{"k":"warn","t":%d,"msg":%s}\n' % (monotonic_ns(), quote(message)))
 
