@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,6 +279,7 @@ def read_run(run_dir: Path) -> Run:
         processes.append(process)
 
     _add_clock_states(run_dir, processes)
+    problems.extend(missing_problems(run_dir, processes))
     _resolve_parents(processes, root_spans, all_spans, {root_span_id, *(s.span_id for s in root_spans)})
     _end_process_lanes(processes, root_spans)
     _import_self_times(processes)
@@ -286,6 +288,68 @@ def read_run(run_dir: Path) -> Run:
     processes.sort(key=lambda p: p.created_ns)
     service = meta.get("service") if isinstance(meta.get("service"), str) else None
     return Run(run_id, trace_id, root_span_id, meta, processes, problems, root_spans, run_dir, service=service)
+
+
+# a run folder's file system with less free than a journal's first segment: "the disk is full"
+_FULL_DISK_BYTES = 256 * 1024
+_PYTHON = re.compile(r"(^|/)(python|pypy)[0-9.]*[a-z]?$")
+_CUT_MARKS = ("cannot extend journal", "journal disabled")
+
+
+def missing_problems(run_dir: Path, processes: list[Process]) -> list[str]:
+    """What the run lacks, for its `problems`: every journal cut short (its own warning), and every
+    child a traced process launched (`starttrace.child_pid` of a launch, fork or forkserver start)
+    that has no journal, with the reason where the evidence gives one: the disk was full, it was
+    killed (by signal N) or exited before tracing started in it, it is not a Python process."""
+    out: list[str] = []
+    for p in processes:
+        cut = next((w for w in p.warnings if any(m in w for m in _CUT_MARKS)), None)
+        if cut is not None:
+            out.append(f"journal of {p.label()} cut short: {cut}")
+    here = os.uname().nodename
+    have = {(p.host, p.pid) for p in processes}
+    exits: dict[tuple[str, int], int] = {}  # (host, pid) -> exit code a wait of the parent saw
+    launched: dict[tuple[str, int], tuple[Process, Span]] = {}
+    for p in processes:
+        for span in p.spans:
+            child = span.attrs.get("starttrace.child_pid")
+            if not isinstance(child, int) or isinstance(child, bool) or child <= 0:
+                continue
+            code = span.attrs.get("process.exit_code")
+            if isinstance(code, int) and not isinstance(code, bool):
+                exits[(p.host, child)] = code
+            if span.name in LAUNCH_SPANS and (p.host, child) not in have:
+                launched.setdefault((p.host, child), (p, span))
+    if not launched:
+        return out
+    full = False
+    try:
+        st = os.statvfs(run_dir)
+        full = st.f_bavail * st.f_frsize < _FULL_DISK_BYTES
+    except OSError:
+        pass
+    full = full or any("No space left" in w or "ENOSPC" in w for p in processes for w in p.warnings)
+    for (host, pid), (parent, span) in sorted(launched.items(), key=lambda kv: kv[1][1].start_ns):
+        command = str(span.attrs.get("process.command") or "")
+        first = command.split(" ", 1)[0]
+        code = exits.get((host, pid))
+        if full:
+            why = "the disk is full: no journal could be created"
+        elif span.name == "process.launch" and first and not _PYTHON.search(first) and "python" not in first:
+            why = f"not a Python process ({first})"
+        elif code is not None and code < 0:
+            why = f"killed by signal {-code} before tracing started in it"
+        elif code is not None:
+            why = f"exited with code {code} before tracing started in it (or tracing is off in it)"
+        elif host and host != here:
+            why = "no journal from its host"
+        elif process_start_monotonic(pid) is None:
+            why = "gone before tracing started in it (killed, or not a Python process)"
+        else:
+            why = "running but not traced (tracing off in it, or not a Python process)"
+        what = f" `{command[:80]}`" if command else ""
+        out.append(f"pid {pid} launched by {parent.label()} ({span.name}{what}) has no journal: {why}")
+    return out
 
 
 def _add_clock_states(run_dir: Path, processes: list[Process]) -> None:
