@@ -57,6 +57,7 @@ _VLLM_COUNTERS = (
     ("num_compiled_artifacts_loaded", "vllm_artifacts_loaded"),
     ("num_compiled_artifacts_saved", "vllm_artifacts_saved"),
 )
+_STEP_ATTRS: "Attrs" = {"starttrace.phase": "compile"}
 MAX_EVENT_DEPTH = 64  # a graph's open events deeper than this are not recorded (never seen: ~12)
 
 
@@ -148,7 +149,7 @@ def _on_start(utils: "Any", event_name: str, metadata: "Any", now: int) -> None:
         return
     if len(graph.events) >= MAX_EVENT_DEPTH:
         return
-    span_id = recorder.begin(f"compile.{event_name}", {"starttrace.phase": "compile"}, t=now)
+    span_id = recorder.begin("compile." + event_name, _STEP_ATTRS, t=now)
     graph.events.append((event_name, span_id))
 
 

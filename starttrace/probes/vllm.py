@@ -746,9 +746,14 @@ def _capture_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "A
 def _communicator_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
     self = args[0] if args else None
     attrs: Attrs = {}
-    for attr, key in (("world_size", "starttrace.dist.group_size"), ("rank", "starttrace.dist.rank")):
+    # DeviceCommunicatorBase: world_size of the group, rank_in_group; PyNccl/CustomAllreduce: rank
+    for attr, key in (
+        ("world_size", "starttrace.dist.group_size"),
+        ("rank_in_group", "starttrace.dist.rank"),
+        ("rank", "starttrace.dist.rank"),
+    ):
         value = getattr(self, attr, None)
-        if isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(value, int) and not isinstance(value, bool) and key not in attrs:
             attrs[key] = value
     for attr in ("disabled", "available"):
         value = getattr(self, attr, None)

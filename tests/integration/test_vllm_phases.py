@@ -1,0 +1,209 @@
+"""The vLLM probe's startup phases beyond the loader: the memory profile run, warmup, CUDA-graph
+capture per batch size, and the communicators (NCCL / custom all-reduce / P2P check / CPU).
+
+CUDA-graph capture needs a GPU: its spans are written against vLLM 0.32's GPUModelRunner source,
+which the first test reads (names and arguments the probe relies on), and exercised here on a
+runner class with the same methods, marked with the real (probe-patched) `vllm.tracing.instrument`.
+The communicators are exercised for real on CPU: two traced ranks (gloo) run vLLM's own
+`init_distributed_environment` + `initialize_model_parallel(2, 1)`, which builds vLLM's
+CpuCommunicator for the TP group.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from starttrace.run import Process, Span
+from starttrace.sources.journal_reader import read_run
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
+
+
+def _vllm_file(relative: str) -> Path:
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin).parent / relative
+
+
+def _method(tree: ast.Module, klass: str, name: str) -> ast.FunctionDef:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == klass:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    return item
+    raise AssertionError(f"{klass}.{name} not found")
+
+
+def _instrument_name(function: ast.FunctionDef) -> str | None:
+    for decorator in function.decorator_list:
+        if isinstance(decorator, ast.Call) and getattr(decorator.func, "id", None) == "instrument":
+            for keyword in decorator.keywords:
+                if keyword.arg == "span_name" and isinstance(keyword.value, ast.Constant):
+                    return str(keyword.value.value)
+    return None
+
+
+def test_the_gpu_runner_source_has_what_the_capture_spans_rely_on() -> None:
+    tree = ast.parse(_vllm_file("v1/worker/gpu_model_runner.py").read_text())
+    capture = _method(tree, "GPUModelRunner", "capture_model")
+    assert _instrument_name(capture) == "Capture model"
+    per_size = _method(tree, "GPUModelRunner", "_warmup_and_capture")
+    assert [a.arg for a in per_size.args.args[:3]] == ["self", "desc", "cudagraph_runtime_mode"]
+    assert _method(tree, "GPUModelRunner", "profile_run")
+    # the per-size loop calls it once per BatchDescriptor
+    loop = _method(tree, "GPUModelRunner", "_capture_cudagraphs")
+    assert "self._warmup_and_capture(" in ast.unparse(loop)
+    descriptor = ast.parse(_vllm_file("forward_context.py").read_text())
+    fields = set()
+    for node in ast.walk(descriptor):
+        if isinstance(node, ast.ClassDef) and node.name == "BatchDescriptor":
+            fields = {n.target.id for n in node.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    assert {"num_tokens", "uniform"} <= fields
+    cpu = ast.parse(_vllm_file("v1/worker/cpu_model_runner.py").read_text())
+    assert _instrument_name(_method(cpu, "CPUModelRunner", "warming_up_model")) == "Warmup (CPU)"
+
+
+RUNNER = r"""
+import enum, json, time
+from typing import NamedTuple
+from vllm.tracing import instrument  # the probe replaced it when vllm.tracing was imported
+from starttrace.probes import vllm as probe
+
+
+class BatchDescriptor(NamedTuple):
+    num_tokens: int
+    uniform: bool = False
+
+
+class CUDAGraphMode(enum.Enum):
+    PIECEWISE = 1
+    FULL = 2
+
+
+class Runner:  # GPUModelRunner's methods the probe wraps, same names and arguments
+    def profile_run(self):
+        time.sleep(0.002)
+
+    @instrument(span_name="Warmup (CPU)")
+    def warming_up_model(self):
+        self.profile_run()
+
+    def _warmup_and_capture(self, desc, cudagraph_runtime_mode, profile_seq_lens=None, allow_microbatching=False,
+                            num_warmups=None, profiler=None):
+        time.sleep(0.002)
+
+    @instrument(span_name="Capture model")
+    def capture_model(self):
+        for size in (8, 4, 2, 1):
+            self._warmup_and_capture(BatchDescriptor(size, True), cudagraph_runtime_mode=CUDAGraphMode.FULL)
+        return 123456
+
+
+probe._patch_model_runner(Runner())  # what the probe does once init_device built the runner
+runner = Runner()
+runner.profile_run()
+runner.warming_up_model()
+print(json.dumps({"result": runner.capture_model()}))
+"""
+
+
+def _traced(tmp_path: Path, clean_env, args: list[str], timeout: int = 300) -> tuple[dict, list[Process]]:
+    journal_root = tmp_path / "runs"
+    env = clean_env(STARTTRACE="1", STARTTRACE_DIR=str(journal_root), VLLM_LOGGING_LEVEL="WARNING")
+    done = subprocess.run(
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = [p for p in journal_root.iterdir() if p.is_dir()]
+    return json.loads(done.stdout.strip().splitlines()[-1]), read_run(run_dir).processes
+
+
+def _named(process: Process, name: str) -> list[Span]:
+    return sorted((s for s in process.spans if s.name == name), key=lambda s: s.start_ns)
+
+
+def test_profile_run_warmup_and_capture_per_batch_size(tmp_path: Path, clean_env) -> None:
+    out, processes = _traced(tmp_path, clean_env, ["-c", RUNNER])
+    assert out["result"] == 123456
+    (process,) = processes
+    # profile_run: the memory profile on its own, a warmup inside vLLM's "Warmup (CPU)"
+    profile, in_warmup = _named(process, "vllm.kv_cache.profile_run")
+    assert profile.attrs["starttrace.phase"] == "kv_cache"
+    assert in_warmup.attrs["starttrace.phase"] == "warmup"
+    assert in_warmup.attrs["vllm.profile_run.purpose"] == "warmup"
+    (warmup,) = _named(process, "Warmup (CPU)")
+    assert warmup.attrs["starttrace.phase"] == "warmup" and in_warmup.parent_id == warmup.span_id
+    # capture: vLLM's "Capture model" with the bytes it returned, one child per batch size
+    (capture,) = _named(process, "Capture model")
+    assert capture.attrs["starttrace.phase"] == "cuda_graphs"
+    assert capture.attrs["starttrace.cuda_graphs.memory_bytes"] == 123456
+    assert capture.attrs["starttrace.cuda_graphs.count"] == 4
+    sizes = _named(process, "cuda_graphs.capture")
+    assert [s.attrs["starttrace.cuda_graphs.batch_size"] for s in sizes] == [8, 4, 2, 1]
+    for span in sizes:
+        assert span.parent_id == capture.span_id
+        assert span.attrs["starttrace.phase"] == "cuda_graphs"
+        assert span.attrs["starttrace.cuda_graphs.mode"] == "FULL"
+        assert span.attrs["starttrace.cuda_graphs.uniform_decode"] is True
+        assert "starttrace.cuda_graphs.memory_bytes" not in span.attrs  # no CUDA here: not measured
+    # our own rows for what vLLM marks record nothing
+    assert not _named(process, "vllm.cuda_graphs.capture") and not _named(process, "vllm.warmup")
+
+
+RANKS = r"""
+import json, multiprocessing as mp, socket, sys
+
+
+def rank_main(rank, port):
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import parallel_state as ps
+    with set_current_vllm_config(VllmConfig()):
+        ps.init_distributed_environment(world_size=2, rank=rank, local_rank=rank, backend="gloo",
+                                        distributed_init_method=f"tcp://127.0.0.1:{port}")
+        ps.initialize_model_parallel(2, 1)
+        ps.destroy_model_parallel()
+        ps.destroy_distributed_environment()
+
+
+if __name__ == "__main__":
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=rank_main, args=(r, port)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(240)
+    print(json.dumps({"codes": [p.exitcode for p in procs]}))
+"""
+
+
+def test_communicators_on_two_cpu_ranks(tmp_path: Path, clean_env) -> None:
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS)
+    out, processes = _traced(tmp_path, clean_env, [str(script)], 400)
+    assert out["codes"] == [0, 0]
+    ranks = [p for p in processes if any(s.name == "vllm.init_distributed_environment" for s in p.spans)]
+    assert len(ranks) == 2
+    for process in ranks:
+        groups = {s.attrs.get("vllm.dist.group") for s in _named(process, "vllm.dist.group.init")}
+        assert {"world", "tp"} <= groups, groups
+        communicators = _named(process, "vllm.dist.device_communicator.init")
+        assert communicators, [s.name for s in process.spans if not s.name.startswith("import")]
+        for span in communicators:
+            assert span.attrs["starttrace.phase"] == "dist_init"
+            assert span.attrs["starttrace.dist.group_size"] == 2
+            assert span.attrs["code.function"].endswith("CpuCommunicator.__init__")
+        assert (
+            "vllm.distributed.device_communicators.cpu_communicator.CpuCommunicator.__init__"
+            in process.resource["starttrace.probes"]
+        )
