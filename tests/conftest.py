@@ -37,9 +37,17 @@ _LEAKY_PREFIXES = ("STARTTRACE", "VLLM_STARTTRACE", "OTEL_")
 _LEAKY_NAMES = ("TRACEPARENT", "traceparent", "PYTHONPROFILEIMPORTTIME")
 
 
+# Kept: how the hot path records (scripts/test_pythons.sh runs the tree tests again with the Python code).
+_KEPT_NAMES = ("STARTTRACE_PURE_PYTHON",)
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """os.environ without any tracing switch, run context or OTLP settings; plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LEAKY_PREFIXES) and k not in _LEAKY_NAMES}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k in _KEPT_NAMES or (not k.startswith(_LEAKY_PREFIXES) and k not in _LEAKY_NAMES)
+    }
     env.update(extra)
     return env
 

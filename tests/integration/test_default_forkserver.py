@@ -362,3 +362,14 @@ def test_tracing_leaves_the_output_as_it_was(
     untraced = stdout.count("heavy_setup loaded")
     assert untraced >= 3  # the root and both forkservers, at least
     assert ranks.stdout.count("heavy_setup loaded") == untraced
+
+
+def test_every_process_records_with_the_hot_path_asked_for(ranks: Traced) -> None:
+    """The C core where it is built, the Python code with STARTTRACE_PURE_PYTHON=1 (which the tests'
+    environments keep: scripts/test_pythons.sh runs them both ways)."""
+    import importlib.util
+
+    pure = os.environ.get("STARTTRACE_PURE_PYTHON", "").strip().lower() in ("1", "true", "on", "yes")
+    built = importlib.util.find_spec("starttrace._hotpath") is not None
+    expected = "python" if pure or not built else "c"
+    assert {p.record.get("hotpath") for p in ranks.run.processes} == {expected}

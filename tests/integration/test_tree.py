@@ -38,7 +38,12 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> TracedTree:
     journal_root = base / "runs"
     split = base / "stderr"
     root_stderr = base / "root.err"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STARTTRACE") and k.lower() != "traceparent"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k == "STARTTRACE_PURE_PYTHON"  # kept: scripts/test_pythons.sh runs this with the Python code too
+        or (not k.startswith("STARTTRACE") and k.lower() != "traceparent")
+    }
     env.update(STARTTRACE="1", STARTTRACE_DIR=str(journal_root), PYTHONPROFILEIMPORTTIME="1")
     env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
     command = [sys.executable, str(REPO / "examples" / "tree.py"), "--split-stderr", str(split)]
@@ -197,7 +202,7 @@ def test_spans_nest_inside_their_parents(tree: TracedTree) -> None:
             and parent.attrs.get("starttrace.phase") == "import"
         ):
             assert span.thread == parent.thread
-    assert checked > 500
+    assert checked > (500 if HAVE_TORCH else 300)  # without torch: the tree's stdlib imports only
 
 
 def _importtime(path: Path, activation_loads: set[str] = frozenset()) -> dict[str, int]:  # type: ignore[assignment]
@@ -286,7 +291,8 @@ def test_a_helper_ready_is_not_the_run_ready(tree: TracedTree) -> None:
     # not cut short at the tracker's process.ready; it may run past the root's exit by the time the
     # forkserver takes to notice that exit (its lane is the run's last), which a loaded machine stretches
     ready_s = max(s.start_ns for p in tracker for s in p.spans if s.name == "process.ready") - startup.start_ns
-    assert ready_s / 1e9 < (startup.end_ns - startup.start_ns) / 1e9 - 0.2
+    margin = 0.2 if HAVE_TORCH else 0.05  # the tree without torch (other Python versions) ends in ~0.4 s
+    assert ready_s / 1e9 < (startup.end_ns - startup.start_ns) / 1e9 - margin
     assert (startup.end_ns - startup.start_ns) / 1e9 - 0.05 < model.startup_s <= (model.t_end - model.t0) / 1e9
 
 
