@@ -20,6 +20,8 @@ from rich.text import Text
 
 from starttrace.analysis.compare import Comparison
 from starttrace.analysis.critical_path import path_by_lane, path_phases
+from starttrace.analysis.findings.compile import compile_facts
+from starttrace.analysis.findings.weights import weight_facts
 from starttrace.analysis.model import STRUCTURAL_PHASES, RunModel
 from starttrace.analysis.nodes import node_rows
 
@@ -146,6 +148,7 @@ def render_report(model: RunModel, console: Console, wide: bool = False) -> None
     _nodes(model, console, wide)
     _processes(model, console, wide)
     _phases(model, console, wide)
+    _weights_and_compile(model, console, wide)
     _in_progress(model, console, wide)
     _hotspots(model, console, wide)
     _cuda_line(model, console)
@@ -265,6 +268,35 @@ def _phases(model: RunModel, console: Console, wide: bool) -> None:
             cols[1].cells.append(f"{ns / 1e9:.3f}")
             cols[2].cells.append(f"{ns / total:.0%}")
         _table(console, "time to ready by phase, along the critical path", cols, wide)
+
+
+def _weights_and_compile(model: RunModel, console: Console, wide: bool) -> None:
+    """Per process that read weight files or compiled graphs: files, GB, GB/s, filesystem; graphs,
+    compile-cache hits and misses, its compile seconds and the cache directory."""
+    weights = {f["lane"]: f for f in weight_facts(model)}
+    compiled = {row["lane"]: row for row in compile_facts(model).to_dicts()}
+    if not weights and not compiled:
+        return
+    heads = ("files", "GB", "load s", "GB/s", "fs", "graphs", "hit", "miss", "compile s")
+    cols = [Col("process")] + [Col(h, "right") for h in heads] + [Col("compile cache", flex=True)]
+    for index in sorted(set(weights) | set(compiled)):
+        w, c = weights.get(index), compiled.get(index)
+        cells = [
+            str(w["files"]) if w else "",
+            f"{w['bytes'] / 1e9:.3f}" if w else "",
+            _s(w["seconds"]) if w else "",
+            f"{w['gbps']:.2f}" if w and w["gbps"] is not None else "",
+            ",".join(w["fs_types"]) if w else "",
+            str(c["graphs"]) if c else "",
+            str(c["hits"]) if c else "",
+            str(c["misses"]) if c else "",
+            _s(model.lanes[index].breakdown.get("compile", 0) / 1e9) if c else "",
+        ]
+        cols[0].cells.append(model.lanes[index].label)
+        for col, cell in zip(cols[1:-1], cells, strict=True):
+            col.cells.append(cell)
+        cols[-1].cells.append(", ".join(c["cache_dirs"]) if c else "")
+    _table(console, "weights and compile", cols, wide)
 
 
 def _in_progress(model: RunModel, console: Console, wide: bool) -> None:
