@@ -113,6 +113,10 @@ where = pathlib.Path(starttrace.__file__).resolve()
 checkout = pathlib.Path(sys.argv[1]).resolve() / "starttrace"
 assert not where.is_relative_to(checkout), f"starttrace imported from the checkout: {where}"
 assert where.is_relative_to(pathlib.Path(sys.prefix).resolve()), f"not the venv's install: {where}"
+# the wheel's metadata names this version as supported (pyproject.toml's classifiers)
+from importlib.metadata import metadata
+version = "%d.%d" % sys.version_info[:2]
+assert f"Programming Language :: Python :: {version}" in metadata("starttrace").get_all("Classifier"), version
 core = importlib.util.find_spec("starttrace._hotpath")
 print(f"   starttrace {starttrace.__version__} from {where.parent}; C core: {core.origin if core else 'not built'}")
 EOF
