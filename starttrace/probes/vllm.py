@@ -319,9 +319,12 @@ def wrap_attr(
         note_missing(label)
         return False
     if vllm_mark_of(raw) is not None:
+        function = getattr(raw, "__func__", raw)
+        extra = getattr(function, "__starttrace_mark_extra__", None)
+        if name is not None and isinstance(extra, dict) and "starttrace.vllm.replaces" not in extra:
+            extra["starttrace.vllm.replaces"] = name  # vLLM's span stands for this row's span
         if before is None and after is None:
             return False  # vLLM's span is the span
-        function = getattr(raw, "__func__", raw)
         if getattr(function, "__starttrace_hooks__", False):
             return False
         try:
@@ -521,10 +524,20 @@ def mark_function(function: "Any", decorated: "Any", span_name: str) -> "Any":
     name = span_name or qualname
     phase = mark_phase(name)
     label = f"{getattr(function, '__module__', '?')}.{qualname}"
-    before, after = _MARK_CALLBACKS.get(name, (_mark_before, None))
+    callback, after = _MARK_CALLBACKS.get(name, (_mark_before, None))
+    # attributes learnt after decoration (`starttrace.vllm.replaces`: our table row it stands for)
+    extra: Attrs = {}
+
+    def before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs | None":
+        found = callback(args, kwargs)
+        if extra:
+            return {**extra, **found} if found else extra
+        return found
+
     attrs: Attrs = {"starttrace.source": "vllm", "code.function": label}
     wrapper = traced(decorated, name, phase, attrs, before, after, key=label)
     wrapper.__starttrace_vllm_mark__ = name
+    wrapper.__starttrace_mark_extra__ = extra
     if phase == "warmup":
         _marks.warmup_keys.add(label)
     note_attached(label)
@@ -820,6 +833,11 @@ _PARALLEL_STATE: "tuple[Row, ...]" = (
     ("initialize_model_parallel", "vllm.initialize_model_parallel", "dist_init", _model_parallel_before, None),
     ("GroupCoordinator.__init__", "vllm.dist.group.init", "dist_init", _group_before, None),
 )
+_WEIGHT_UTILS: "tuple[Row, ...]" = (
+    # reads every shard once to warm the page cache (network filesystems, or
+    # --safetensors-load-strategy=prefetch); the weights.load spans of the files come after it
+    ("_prefetch_all_checkpoints", "vllm.weights.prefetch", "model_load", None, None),
+)
 _PYNCCL: "tuple[Row, ...]" = (
     ("PyNcclCommunicator.__init__", "vllm.dist.pynccl.init", "dist_init", None, _communicator_after),
 )
@@ -874,6 +892,7 @@ _HOOKS: "tuple[tuple[str, Callable[[Any], None]], ...]" = (
     ("vllm.v1.executor.multiproc_executor", _hook(_MULTIPROC_EXECUTOR)),
     ("vllm.v1.worker.worker_base", _hook(_WORKER_BASE)),
     ("vllm.distributed.parallel_state", _hook(_PARALLEL_STATE)),
+    ("vllm.model_executor.model_loader.weight_utils", _hook(_WEIGHT_UTILS)),
     (f"{_COMMUNICATORS}.pynccl", _hook(_PYNCCL)),
     (f"{_COMMUNICATORS}.custom_all_reduce", _hook(_CUSTOM_ALL_REDUCE)),
     (f"{_COMMUNICATORS}.all_reduce_utils", _hook(_ALL_REDUCE_UTILS)),

@@ -140,11 +140,13 @@ def test_profile_run_warmup_and_capture_per_batch_size(tmp_path: Path, clean_env
     assert in_warmup.attrs["vllm.profile_run.purpose"] == "warmup"
     (warmup,) = _named(process, "Warmup (CPU)")
     assert warmup.attrs["starttrace.phase"] == "warmup" and in_warmup.parent_id == warmup.span_id
+    assert warmup.attrs["starttrace.vllm.replaces"] == "vllm.warmup"  # the table row it stands for
     # capture: vLLM's "Capture model" with the bytes it returned, one child per batch size
     (capture,) = _named(process, "Capture model")
     assert capture.attrs["starttrace.phase"] == "cuda_graphs"
     assert capture.attrs["starttrace.cuda_graphs.memory_bytes"] == 123456
     assert capture.attrs["starttrace.cuda_graphs.count"] == 4
+    assert capture.attrs["starttrace.vllm.replaces"] == "vllm.cuda_graphs.capture"
     sizes = _named(process, "cuda_graphs.capture")
     assert [s.attrs["starttrace.cuda_graphs.batch_size"] for s in sizes] == [8, 4, 2, 1]
     for span in sizes:
