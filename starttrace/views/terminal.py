@@ -209,6 +209,8 @@ def _processes(model: RunModel, console: Console, wide: bool) -> None:
         Col("top 5 imports (s)" if many else "top import (s)", flex=True),
     ]
     for lane in model.lanes:
+        if lane.after_ready:
+            continue  # one line under the breakdown table
         tops = lane.top_imports if many else lane.top_imports[:1]
         cols[0].cells.append(f"{lane.node}  {lane.label}" if lane.node else lane.label)
         cols[1].cells.append(lane.start_method or "-")
@@ -258,7 +260,10 @@ def _phases(model: RunModel, console: Console, wide: bool) -> None:
     later = [lane for lane in model.lanes if lane.after_ready]
     if later:
         roles = sorted({lane.role or "process" for lane in later})
-        console.print(f"after ready: {len(later)} more process(es) ({', '.join(roles)}), not part of time to ready")
+        pids = ", ".join(str(lane.pid) for lane in later[:8]) + (", ..." if len(later) > 8 else "")
+        console.print(
+            f"after ready: {len(later)} more process(es) ({', '.join(roles)}; pids {pids}), not part of time to ready"
+        )
     by_phase = path_phases(model)
     if by_phase:
         cols = [Col("phase", flex=True), Col("seconds", "right"), Col("share", "right")]
@@ -267,7 +272,7 @@ def _phases(model: RunModel, console: Console, wide: bool) -> None:
             cols[0].cells.append(label)
             cols[1].cells.append(f"{ns / 1e9:.3f}")
             cols[2].cells.append(f"{ns / total:.0%}")
-        _table(console, "time to ready by phase, along the critical path", cols, wide)
+        _table(console, "time to ready by phase", cols, wide)
 
 
 def _weights_and_compile(model: RunModel, console: Console, wide: bool) -> None:

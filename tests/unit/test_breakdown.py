@@ -142,3 +142,27 @@ def test_the_critical_path_follows_a_wait_into_the_subprocess() -> None:
     assert sum(phases.values()) == m.ready_ns - m.t0
     assert phases["compile"] == 1_400 * MS  # the worker's compile is on the path
     assert "idle" not in phases
+
+
+def test_the_report_shows_breakdowns_and_folds_processes_started_after_ready() -> None:
+    import io
+
+    from rich.console import Console
+
+    from starttrace.views.terminal import render_report
+
+    m = _vllm_like()
+    out = io.StringIO()
+    render_report(m, Console(file=out, width=200, force_terminal=False, color_system=None))
+    text = out.getvalue()
+    assert "where each process's time to ready went" in text
+    assert "after ready: 1 more process(es) (helper; pids 160), not part of time to ready" in text
+    assert "helper pid 160" not in text  # folded: no row of its own
+    assert "helper pid 150" in text
+    assert any(line.strip() == "time to ready by phase" for line in text.splitlines())
+    rows = [line for line in text.splitlines() if line.startswith("worker rank 0 pid 110")]
+    assert rows, text
+    # the worker's row in the breakdown table: its total, then its parts, which add up to it
+    breakdown_row = next(r for r in rows if r.split()[5].replace(".", "").isdigit() and "%" not in r)
+    numbers = [float(x) for x in breakdown_row.split()[5:]]
+    assert abs(numbers[0] - sum(numbers[1:])) < 0.01, breakdown_row
