@@ -17,7 +17,8 @@ Attributes of `weights.load` (phase `model_load`): `starttrace.weights.file` (th
 of the longest mount point holding the file's real path, from /proc/self/mountinfo), `.page_cache_fraction`
 (the share of the file's pages in the page cache when it was opened: mincore(2) over a read-only
 mapping of the file, sampled in 64 windows past 1 GiB), and at the end `.bytes_read` (the bytes of
-the tensors the file handed out: `get_tensor`/`get_tensors` results, `torch.load`'s tensors) and
+the tensors the file handed out: `get_tensor`/`get_tensors` results, `torch.load`'s tensors),
+`.tensors` (how many: 0 when only the header was read, e.g. a loader listing a shard's keys), and
 `.io_read_bytes` (this process's storage reads during the span, /proc/self/io `read_bytes`: what the
 page cache did not have; all threads; 0 on filesystems that do not count it, such as tmpfs).
 """
@@ -243,13 +244,17 @@ def begin_load(filename: "Any", fmt: str) -> "tuple[str, int | None]":
         return "", None
 
 
-def end_load(span_id: str, io_before: "int | None", bytes_read: "int | None", error: "str | None" = None) -> None:
+def end_load(
+    span_id: str, io_before: "int | None", bytes_read: "int | None", tensors: "int | None", error: "str | None" = None
+) -> None:
     if not span_id:
         return
     try:
         attrs: Attrs = {}
         if bytes_read is not None:
             attrs["starttrace.weights.bytes_read"] = bytes_read
+        if tensors is not None:
+            attrs["starttrace.weights.tensors"] = tensors
         io_after = _io_read_bytes()
         if io_before is not None and io_after is not None:
             attrs["starttrace.weights.io_read_bytes"] = io_after - io_before
@@ -263,18 +268,24 @@ def _nbytes(value: "Any") -> int:
     return nbytes if isinstance(nbytes, int) else 0
 
 
-def tensor_bytes(result: "Any") -> int:
-    """Bytes of the tensors in a loaded object: a tensor, or a dict of them (a state dict, or one
-    level deeper: {"model": state_dict, ...})."""
-    total = _nbytes(result)
+def tensor_bytes(result: "Any") -> "tuple[int, int]":
+    """(bytes, count) of the tensors in a loaded object: a tensor, or a dict of them (a state
+    dict, or one level deeper: {"model": state_dict, ...})."""
+    values = [result]
     if isinstance(result, dict):
+        values = []
         for value in result.values():
             if isinstance(value, dict):
-                for inner in value.values():
-                    total += _nbytes(inner)
+                values.extend(value.values())
             else:
-                total += _nbytes(value)
-    return total
+                values.append(value)
+    total = count = 0
+    for value in values:
+        size = _nbytes(value)
+        if size or hasattr(value, "nbytes"):
+            total += size
+            count += 1
+    return total, count
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,11 +297,12 @@ def _safe_open_class(original: "Any") -> "Any":
         """starttrace's stand-in for safetensors' `safe_open`: the real one inside, one span per
         file (docs/probes.md)."""
 
-        __slots__ = ("_bytes", "_done", "_inner", "_io", "_span")
+        __slots__ = ("_bytes", "_done", "_inner", "_io", "_span", "_tensors")
 
         def __init__(self, filename: "Any", *args: "Any", **kwargs: "Any") -> None:
             self._span, self._io = begin_load(filename, "safetensors")
             self._bytes = 0
+            self._tensors = 0
             self._done = False
             try:
                 self._inner = original(filename, *args, **kwargs)
@@ -301,7 +313,7 @@ def _safe_open_class(original: "Any") -> "Any":
         def _finish(self, error: "str | None" = None) -> None:
             if not self._done:
                 self._done = True
-                end_load(self._span, self._io, self._bytes, error)
+                end_load(self._span, self._io, self._bytes, self._tensors, error)
 
         def __enter__(self) -> "safe_open":
             self._inner.__enter__()
@@ -316,11 +328,14 @@ def _safe_open_class(original: "Any") -> "Any":
         def get_tensor(self, name: str) -> "Any":
             tensor = self._inner.get_tensor(name)
             self._bytes += _nbytes(tensor)
+            self._tensors += 1
             return tensor
 
         def get_tensors(self, *args: "Any", **kwargs: "Any") -> "Any":
             tensors = self._inner.get_tensors(*args, **kwargs)
-            self._bytes += tensor_bytes(tensors)
+            size, count = tensor_bytes(tensors)
+            self._bytes += size
+            self._tensors += count
             return tensors
 
         def __getattr__(self, name: str) -> "Any":
@@ -377,13 +392,16 @@ def _torch_load_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
         try:
             result = original(f, *args, **kwargs)
         except BaseException as exc:
-            end_load(span_id, io_before, None, f"{type(exc).__name__}: {exc}")
+            end_load(span_id, io_before, None, None, f"{type(exc).__name__}: {exc}")
             raise
-        try:
-            size = tensor_bytes(result) if span_id else 0
-        except Exception:
-            size = None
-        end_load(span_id, io_before, size)
+        size: int | None = None
+        count: int | None = None
+        if span_id:
+            try:
+                size, count = tensor_bytes(result)
+            except Exception:
+                pass
+        end_load(span_id, io_before, size, count)
         return result
 
     return _mark(load, original)

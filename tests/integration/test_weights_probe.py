@@ -117,6 +117,7 @@ def test_one_weights_load_span_per_file_read(tmp_path: Path, clean_env) -> None:
         out["read"]["again"],
     ]
     assert out["read"]["iter"] == 3 * 256 * 1024 * 4
+    assert [s.attrs["starttrace.weights.tensors"] for s in spans] == [3, 3, 2, 3]
     # just written: every page in the page cache
     assert [s.attrs["starttrace.weights.page_cache_fraction"] for s in spans[:3]] == [1.0, 1.0, 1.0]
     assert out["dropped"]
