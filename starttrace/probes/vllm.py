@@ -686,16 +686,12 @@ def _profile_run_before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "A
     if _in_warmup():
         attrs["starttrace.phase"] = "warmup"
         attrs["vllm.profile_run.purpose"] = "warmup"
-    cuda = _cuda_module()
-    if cuda is not None:
-        try:
-            cuda.reset_peak_memory_stats()
-        except Exception:
-            pass
     return attrs or None
 
 
 def _profile_run_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
+    # the peak since the last reset: vLLM's memory_profiling context resets the peak statistics
+    # before the profile run (never reset here: vLLM reads them to size the KV cache)
     cuda = _cuda_module()
     if cuda is None:
         return None
