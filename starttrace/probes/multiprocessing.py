@@ -353,27 +353,41 @@ def _rebind_module_aliases(module: "Any", instance_name: str, methods: tuple[str
 
 
 def _patch_resource_tracker_launch(module: "Any") -> None:
+    """`process.launch` around the resource tracker's start. Since gh-131788 (3.14, 3.13.7) the
+    start is `ResourceTracker._launch`, reached from `ensure_running` and also straight from
+    `register`/`unregister` (a SemLock of a Queue, under any start method but fork: 3.14's default
+    forkserver included); before, `ensure_running` started it itself, and `register` called that."""
     tracker_class = getattr(module, "ResourceTracker", None)
-    if tracker_class is None or getattr(tracker_class.ensure_running, "__starttrace__", False):
+    if tracker_class is None:
         return
-    original_ensure = tracker_class.ensure_running
+    name = "_launch" if callable(getattr(tracker_class, "_launch", None)) else "ensure_running"
+    original = getattr(tracker_class, name)
+    if getattr(original, "__starttrace__", False):
+        return
 
-    def ensure_running(self: "Any") -> None:
-        running = getattr(self, "_fd", None) is not None or getattr(self, "_pid", None) is not None
+    def launch(self: "Any", *args: "Any", **kwargs: "Any") -> None:
+        running = name == "ensure_running" and (
+            getattr(self, "_fd", None) is not None or getattr(self, "_pid", None) is not None
+        )
         if not recorder.active() or running:
-            return original_ensure(self)
+            return original(self, *args, **kwargs)
         attrs: dict[str, Any] = {
             "starttrace.phase": "launch",
             "starttrace.process_name": "resource_tracker",
             "starttrace.start_method": "spawn",
         }
         _record_launch(
-            "process.launch", attrs, lambda: original_ensure(self), lambda: _child_pid(getattr(self, "_pid", None))
+            "process.launch",
+            attrs,
+            lambda: original(self, *args, **kwargs),
+            lambda: _child_pid(getattr(self, "_pid", None)),
         )
 
-    ensure_running.__starttrace__ = True  # type: ignore[attr-defined]
-    tracker_class.ensure_running = ensure_running
-    _rebind_module_aliases(module, "_resource_tracker", ("ensure_running",))
+    launch.__starttrace__ = True  # type: ignore[attr-defined]
+    launch.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(tracker_class, name, launch)
+    if name == "ensure_running":
+        _rebind_module_aliases(module, "_resource_tracker", ("ensure_running",))
 
 
 def _patch_resource_tracker(module: "Any") -> None:

@@ -56,6 +56,10 @@ def leaf(conn):
     conn.close()
 
 
+def put_pid(queue):
+    queue.put(os.getpid())
+
+
 def rank(r, conn):
     before = sorted(sys.modules)
     for name in RANK_MODULES:
@@ -86,6 +90,12 @@ def main():
         for proc in procs:
             proc.join()
         out["exitcodes"] = [proc.exitcode for proc in procs]
+    elif sys.argv[1] == "queue":  # a Queue first: its lock registers with the resource tracker, starting it
+        queue = multiprocessing.Queue()
+        proc = multiprocessing.Process(target=put_pid, args=(queue,), name="queue-child")
+        proc.start()
+        out["child"] = queue.get(timeout=60)
+        proc.join()
     elif multiprocessing.get_start_method() == "forkserver":  # warm it up, as servers do
         from multiprocessing import forkserver
 
@@ -162,6 +172,15 @@ def prewarm(
     only_run_dir: Callable[[Path], Path],
 ) -> Traced:
     return _traced(tmp_path_factory.mktemp("prewarm"), "prewarm", clean_env, only_run_dir)
+
+
+@pytest.fixture(scope="module")
+def queue(
+    tmp_path_factory: pytest.TempPathFactory,
+    clean_env: Callable[..., dict[str, str]],
+    only_run_dir: Callable[[Path], Path],
+) -> Traced:
+    return _traced(tmp_path_factory.mktemp("queue"), "queue", clean_env, only_run_dir)
 
 
 def by_pid(run: Run, pid: int) -> Process:
@@ -373,3 +392,23 @@ def test_every_process_records_with_the_hot_path_asked_for(ranks: Traced) -> Non
     built = importlib.util.find_spec("starttrace._hotpath") is not None
     expected = "python" if pure or not built else "c"
     assert {p.record.get("hotpath") for p in ranks.run.processes} == {expected}
+
+
+def test_a_resource_tracker_started_by_a_queue_is_linked_to_its_launch(queue: Traced) -> None:
+    """Under any start method but fork a Queue's lock registers with the resource tracker, which
+    starts it: since gh-131788 (3.14, 3.13.7) through `ResourceTracker._launch` without
+    `ensure_running`. Its lane hangs under a launch span of the root, made when the Queue was."""
+    run = queue.run
+    spans = span_index(run)
+    root = by_pid(run, queue.out["root"])
+    assert queue.out["before"] is None and queue.out["method"] == "forkserver"
+    (tracker,) = [p for p in run.processes if p.resource.get("starttrace.process_name") == "resource_tracker"]
+    assert tracker.process_span is not None
+    owner, launch = spans[tracker.process_span.parent_id or ""]
+    assert owner is root and launch.name == "process.launch"
+    assert launch.attrs["starttrace.child_pid"] == tracker.pid
+    assert root.process_span is not None and launch.parent_id == root.process_span.span_id  # not inside a start
+    (start,) = named(root, "forkserver.start")
+    assert launch.end_ns is not None and launch.end_ns <= start.start_ns  # before the first Process.start()
+    child = by_pid(run, queue.out["child"])
+    assert child.resource["starttrace.start_method"] == "forkserver"
