@@ -6,7 +6,8 @@ The program (a small torch module of `--layers` blocks under `torch.compile`, on
 starts cold every time: each run gets a fresh, empty TORCHINDUCTOR_CACHE_DIR, so Dynamo, AOT
 autograd and Inductor (codegen + C++ compile) all run, as on a first start. Runs alternate
 (untraced, traced, traced, untraced, ...) so that drift of the machine hits both sides alike.
-Reported: median wall time of the whole process, median compile time the program measures around
+Reported: median wall time of the whole process, median CPU time (user + system, the process and
+the children it waited for), median compile time the program measures around
 its first call, the traced/untraced ratios (target <= 1.02), and how many `compile.*` spans a
 traced run recorded (the probe's events: two journal records each).
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -121,17 +123,21 @@ def base_env() -> dict[str, str]:
     }
 
 
-def one_run(traced: bool, layers: int, work: Path, index: int) -> tuple[float, float, int]:
-    """(wall seconds, compile seconds the program measured, compile.* spans recorded)."""
+def one_run(traced: bool, layers: int, work: Path, index: int) -> tuple[float, float, int, float]:
+    """(wall seconds, compile seconds the program measured, compile.* spans recorded, CPU seconds
+    of the process and the children it waited for: less sensitive to other jobs than wall time)."""
     cache = work / f"cache-{index}"
     runs = work / f"runs-{index}"
     env = base_env()
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     if traced:
         env.update(STARTTRACE="1", STARTTRACE_DIR=str(runs))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", PROGRAM, str(layers)], env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if done.returncode != 0:
         raise SystemExit(f"run failed ({done.returncode}):\n{done.stderr[-3000:]}")
     compile_s = float(done.stdout.strip().splitlines()[-1])
@@ -142,7 +148,7 @@ def one_run(traced: bool, layers: int, work: Path, index: int) -> tuple[float, f
             spans += sum(1 for s in process.spans if s.name.startswith("compile."))
     shutil.rmtree(cache, ignore_errors=True)
     shutil.rmtree(runs, ignore_errors=True)
-    return wall, compile_s, spans
+    return wall, compile_s, spans, cpu
 
 
 def main() -> None:
@@ -152,7 +158,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=20000, help="event pairs for the per-event cost (default 20000)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args()
-    results: dict[bool, list[tuple[float, float, int]]] = {False: [], True: []}
+    results: dict[bool, list[tuple[float, float, int, float]]] = {False: [], True: []}
     with tempfile.TemporaryDirectory(prefix="bench-compile-") as tmp:
         work = Path(tmp)
         one_run(False, args.layers, work, -1)  # warm the OS caches (torch's files), not the compile cache
@@ -163,17 +169,23 @@ def main() -> None:
                 results[traced].append(one_run(traced, args.layers, work, index))
                 index += 1
                 if not args.json:
-                    wall, compile_s, spans = results[traced][-1]
+                    wall, compile_s, spans, cpu = results[traced][-1]
                     side = "traced  " if traced else "untraced"
-                    print(f"  {side} wall {wall:7.2f} s  compile {compile_s:7.2f} s  compile spans {spans}", flush=True)
+                    print(
+                        f"  {side} wall {wall:7.2f} s  cpu {cpu:7.2f} s  compile {compile_s:7.2f} s"
+                        f"  compile spans {spans}",
+                        flush=True,
+                    )
         wrapped_s, original_s = event_cost(args.events, work)
     summary: dict[str, object] = {"reps": args.reps, "layers": args.layers}
     for traced, side in ((False, "untraced"), (True, "traced")):
         summary[f"{side}_wall_median_s"] = round(statistics.median(r[0] for r in results[traced]), 3)
         summary[f"{side}_compile_median_s"] = round(statistics.median(r[1] for r in results[traced]), 3)
+        summary[f"{side}_cpu_median_s"] = round(statistics.median(r[3] for r in results[traced]), 3)
     summary["compile_spans_per_run"] = statistics.median(r[2] for r in results[True])
     summary["wall_ratio"] = round(summary["traced_wall_median_s"] / summary["untraced_wall_median_s"], 4)  # type: ignore[operator]
     summary["compile_ratio"] = round(summary["traced_compile_median_s"] / summary["untraced_compile_median_s"], 4)  # type: ignore[operator]
+    summary["cpu_ratio"] = round(summary["traced_cpu_median_s"] / summary["untraced_cpu_median_s"], 4)  # type: ignore[operator]
     summary["event_pair_us_wrapped"] = round(wrapped_s * 1e6, 2)
     summary["event_pair_us_original"] = round(original_s * 1e6, 2)
     probe_s = (wrapped_s - original_s) * summary["compile_spans_per_run"]  # type: ignore[operator]
@@ -187,7 +199,9 @@ def main() -> None:
         f"(medians of {args.reps})\n"
         f"traced:   wall {summary['traced_wall_median_s']} s, compile {summary['traced_compile_median_s']} s, "
         f"{summary['compile_spans_per_run']} compile spans per run\n"
-        f"ratio traced/untraced: wall {summary['wall_ratio']}, compile {summary['compile_ratio']} (target <= 1.02)\n"
+        f"CPU: untraced {summary['untraced_cpu_median_s']} s, traced {summary['traced_cpu_median_s']} s\n"
+        f"ratio traced/untraced: wall {summary['wall_ratio']}, compile {summary['compile_ratio']}, "
+        f"CPU {summary['cpu_ratio']} (target <= 1.02)\n"
         f"one event pair (start + end): {summary['event_pair_us_wrapped']} us through the probe, "
         f"{summary['event_pair_us_original']} us torch alone: the probe's own cost "
         f"{summary['probe_seconds_per_run']} s per run = {summary['probe_share_of_compile']:.4%} of the compile"
