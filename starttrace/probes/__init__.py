@@ -48,6 +48,7 @@ LAZY_PROBES: "dict[str, tuple[str, ...]]" = {
         "vllm.v1.worker.worker_base",
         "vllm.distributed.parallel_state",
         "vllm.compilation.backends",
+        "vllm.compilation.decorators",
         "vllm.model_executor.model_loader.weight_utils",
         "vllm.distributed.device_communicators.pynccl",
         "vllm.distributed.device_communicators.custom_all_reduce",

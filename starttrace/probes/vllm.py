@@ -659,6 +659,53 @@ def _vllm_backend_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", resul
     return {"starttrace.compile.cache_dir": path}
 
 
+def _aot_load_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
+    """vllm/compilation/decorators.py `_try_load_aot_compiled_fn(model, aot_compilation_path)`: with
+    AOT compile (vLLM's default on torch >= 2.10) a warm start loads the whole compiled model from
+    VLLM_CACHE_ROOT without Dynamo, so no torch compile event (and no compile-probe span) exists for
+    it. The load becomes a `compile.graph` span with cache `hit` (written when it returns, since only
+    then is it known); a failed load of an existing file is `compile.aot_load` with cache `miss` (the
+    compile that follows has its own spans); no file (a cold start) records nothing."""
+    import os
+    from time import monotonic_ns
+
+    def _try_load_aot_compiled_fn(*args: "Any", **kwargs: "Any") -> "Any":
+        if recorder._writer is None:
+            return original(*args, **kwargs)
+        start = monotonic_ns()
+        result = original(*args, **kwargs)
+        try:
+            path = _arg(args, kwargs, 1, "aot_compilation_path")
+            if isinstance(path, str) and (result is not None or os.path.exists(path)):
+                hit = result is not None
+                attrs: Attrs = {
+                    "starttrace.phase": "compile",
+                    "starttrace.compile.id": "aot",
+                    "starttrace.compile.event": "vllm.aot_load",
+                    "starttrace.compile.cache": "hit" if hit else "miss",
+                    "starttrace.compile.cache_dir": os.path.dirname(path),
+                    "starttrace.compile.graphs": 1 if hit else 0,
+                    "code.function": "vllm.compilation.decorators._try_load_aot_compiled_fn",
+                }
+                name = "compile.graph" if hit else "compile.aot_load"
+                span_id = recorder.begin(name, attrs, t=start, push=False)
+                recorder.end(span_id, None, None if hit else "the AOT artifact did not load")
+        except Exception as exc:
+            recorder.report(f"vllm aot load probe failed: {type(exc).__name__}: {exc}", key="vllm:aot")
+        return result
+
+    return _mark(_try_load_aot_compiled_fn, original)
+
+
+def _patch_decorators(module: "Any") -> None:
+    label = f"{module.__name__}._try_load_aot_compiled_fn"
+    if patch(module, "_try_load_aot_compiled_fn", _aot_load_wrapper):
+        note_attached(label)
+    elif not hasattr(module, "_try_load_aot_compiled_fn"):
+        note_missing(label)
+    publish_probe_list()
+
+
 # --------------------------------------------------------------------------------------------
 # memory profile run, CUDA-graph capture per size
 
@@ -895,4 +942,5 @@ _HOOKS: "tuple[tuple[str, Callable[[Any], None]], ...]" = (
     (f"{_COMMUNICATORS}.cuda_communicator", _hook(_CUDA_COMMUNICATOR)),
     (f"{_COMMUNICATORS}.cpu_communicator", _hook(_CPU_COMMUNICATOR)),
     ("vllm.compilation.backends", _hook(_COMPILATION_BACKENDS)),
+    ("vllm.compilation.decorators", _patch_decorators),
 )

@@ -209,3 +209,68 @@ def test_communicators_on_two_cpu_ranks(tmp_path: Path, clean_env) -> None:
             "vllm.distributed.device_communicators.cpu_communicator.CpuCommunicator.__init__"
             in process.resource["starttrace.probes"]
         )
+
+
+AOT = r"""
+import json, os, sys, types
+import torch
+from vllm.config import VllmConfig
+from vllm.compilation import decorators
+
+folder = sys.argv[1]
+config = VllmConfig()
+
+
+def forward(x):
+    return x
+
+
+model = types.SimpleNamespace(vllm_config=config, _is_encoder=False, _compile_tag="", forward=forward,
+                              compilation_config=config.compilation_config)
+results = {}
+# a cold start: no artifact yet
+results["cold"] = decorators._try_load_aot_compiled_fn(model, os.path.join(folder, "missing", "model"))
+# a broken artifact: vLLM compiles again
+broken = os.path.join(folder, "broken")
+os.makedirs(broken)
+with open(os.path.join(broken, "model"), "wb") as f:
+    f.write(b"not a compiled function")
+results["broken"] = decorators._try_load_aot_compiled_fn(model, os.path.join(broken, "model"))
+
+
+# a warm start: torch's loader stubbed to what it returns (a loaded function), the rest is vLLM's
+class Loaded:
+    _artifacts = types.SimpleNamespace(compiled_fn=types.SimpleNamespace(finalize_loading=lambda cfg: None))
+
+    def source_info(self):
+        return types.SimpleNamespace(inlined_sources=[])
+
+    def disable_guard_check(self):
+        pass
+
+
+torch.compiler.load_compiled_function = lambda f, f_globals=None: Loaded()
+good = os.path.join(folder, "good")
+os.makedirs(good)
+with open(os.path.join(good, "model"), "wb") as f:
+    f.write(b"artifact")
+results["warm"] = decorators._try_load_aot_compiled_fn(model, os.path.join(good, "model"))
+print(json.dumps({k: v is not None for k, v in results.items()}))
+"""
+
+
+def test_vllm_aot_load_is_a_compile_graph_hit(tmp_path: Path, clean_env) -> None:
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    out, (process,) = _traced(tmp_path, clean_env, ["-c", AOT, str(folder)])
+    assert out == {"cold": False, "broken": False, "warm": True}
+    (hit,) = _named(process, "compile.graph")
+    assert hit.attrs["starttrace.compile.cache"] == "hit"
+    assert hit.attrs["starttrace.compile.cache_dir"] == str(folder / "good")
+    assert hit.attrs["starttrace.phase"] == "compile" and hit.error is None
+    (failed,) = _named(process, "compile.aot_load")
+    assert failed.attrs["starttrace.compile.cache"] == "miss"
+    assert failed.attrs["starttrace.compile.cache_dir"] == str(folder / "broken")
+    assert failed.error
+    # nothing for the cold start's missing artifact
+    assert not [s for s in process.spans if s.attrs.get("starttrace.compile.cache_dir") == str(folder / "missing")]
