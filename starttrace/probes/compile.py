@@ -8,21 +8,26 @@ and the torch profiler show): `dynamo` (one frame's whole compile), `entire_fram
 id ("0/0": frame 0, recompile 0). This probe wraps those two methods (class attributes, so the
 logger instance torch already made uses them too) right after `torch._dynamo.utils` is imported:
 
-- the first event of a compile id on a thread with no graph open (`dynamo`) becomes the span
-  `compile.graph` (phase `compile`), with `starttrace.compile.id`, `.cache` (`hit`, `miss`, or
-  `none` when no cache was asked: an eager backend, a frame without a graph), `.cache_dir`,
-  `.graphs`, `.frame` and the cache counts behind the verdict;
+- the first event on a thread with no graph open (`dynamo`: one frame's compile; with torch's AOT
+  compile, vLLM's default, `fullgraph_capture`, whose Inductor compile runs outside any compile id;
+  a warm AOT load's `AOTAutogradCache.inductor_load`) becomes the span `compile.graph` (phase
+  `compile`), with `starttrace.compile.id`, `.cache` (`hit`, `miss`, or `none` when no cache was
+  asked and nothing compiled: an eager backend, a frame without a graph), `.cache_dir`, `.graphs`,
+  `.frame` and the counts behind the verdict. An event without a compile id starts a graph only
+  when no graph is open on any thread and it is not a helper's step (a compile worker thread's
+  `compile_file`);
 - every event inside it becomes a child span `compile.<event>` (phase `compile`), nested as torch
   nests them.
 
-The cache verdict comes from PyTorch's own counters (`torch._dynamo.utils.counters`: `inductor`
+The cache verdict comes from what ran in the graph and from counters, taken as differences between
+the graph's start and end: PyTorch's (`torch._dynamo.utils.counters`: `inductor`
 `fxgraph_cache_hit|miss|bypass`, `aot_autograd` `autograd_cache_hit|miss`) and vLLM's compiled-artifact
-counters (`vllm.compilation.counter.compilation_counter.num_compiled_artifacts_loaded|saved`),
-taken as differences between the graph's start and end: `miss` when Inductor compiled a graph
-(FX graph cache miss) or vLLM saved a compiled artifact, else `hit` when a graph came from a
-cache (FX graph cache or AOTAutograd cache hit, or vLLM loaded an artifact), else `none`. An
-AOTAutograd miss alone is not a miss: it can stay 1 on a warm start whose Inductor graphs all come
-from the FX graph cache (vLLM #20451).
+counters (`vllm.compilation.counter.compilation_counter.num_compiled_artifacts_loaded|saved`):
+`miss` when Inductor generated code (`fx_codegen_and_compile` ran: the AOT compile path never asks
+the FX graph cache), the FX graph cache missed or vLLM saved a compiled artifact; else `hit` when a
+graph came from a cache (`AOTAutogradCache.inductor_load` ran, an FX graph cache or AOTAutograd cache
+hit, or vLLM loaded an artifact); else `none`. An AOTAutograd miss alone is not a miss: it can stay
+1 on a warm start whose Inductor graphs all come from the FX graph cache (vLLM #20451).
 
 No log is parsed and structured trace logging (TORCH_TRACE) is never switched on. This module
 imports the standard library only and does nothing until the program imports torch._dynamo.
@@ -61,17 +66,34 @@ _STEP_ATTRS: "Attrs" = {"starttrace.phase": "compile"}
 MAX_EVENT_DEPTH = 64  # a graph's open events deeper than this are not recorded (never seen: ~12)
 
 
+# Events that code generation (Inductor compiled the graph itself) or a cache load ran in a graph
+CODEGEN_EVENTS = frozenset(("fx_codegen_and_compile",))
+LOAD_EVENTS = frozenset(("AOTAutogradCache.inductor_load",))
+# Events that never start a graph without a compile id: a compile worker thread's file compile
+# while the graph is open on another thread, the kernel cache's own steps
+HELPER_EVENTS = frozenset(("compile_file", "async_compile.wait", "PyCodeCache.load_by_key_path"))
+
+
 class _Graph:
     """One compile.graph span being recorded on a thread, and its open child events."""
 
-    __slots__ = ("attrs", "compile_id", "counts", "events", "span_id")
+    __slots__ = ("attrs", "codegen", "compile_id", "counts", "events", "loaded", "span_id")
 
-    def __init__(self, span_id: str, compile_id: str, counts: "dict[str, int]") -> None:
+    def __init__(self, span_id: str, compile_id: "str | None", counts: "dict[str, int]") -> None:
         self.span_id = span_id
         self.compile_id = compile_id
         self.counts = counts
         self.events: list[tuple[str, str]] = []  # (event name, span id), innermost last
         self.attrs: Attrs = {}  # added by others while it is open (vLLM's cache dir)
+        self.codegen = 0  # graphs whose code Inductor generated (fx_codegen_and_compile ran)
+        self.loaded = 0  # compiled graphs loaded from a cache (AOTAutogradCache.inductor_load)
+
+
+class _Stats:
+    graphs = 0  # compile.graph spans begun in this process (probes/vllm.py asks)
+
+
+stats = _Stats()
 
 
 _graphs: "dict[int, _Graph]" = {}  # per thread
@@ -135,22 +157,38 @@ def _end_wrapper(utils: "Any", original: "Callable[..., Any]") -> "Callable[...,
 def _on_start(utils: "Any", event_name: str, metadata: "Any", now: int) -> None:
     ident = get_ident()
     graph = _graphs.get(ident)
+    compile_id = metadata.get("compile_id") if isinstance(metadata, dict) else None
+    if not isinstance(compile_id, str) or compile_id == "None":
+        compile_id = None
     if graph is None:
-        compile_id = metadata.get("compile_id") if isinstance(metadata, dict) else None
-        if not isinstance(compile_id, str) or compile_id == "None":
-            return  # an event outside any compile (a compile worker thread's compile_file)
-        attrs: Attrs = {
-            "starttrace.phase": "compile",
-            "starttrace.compile.id": compile_id,
-            "starttrace.compile.event": event_name,
-        }
+        # A graph starts with the first event on a thread with none open. Without a compile id
+        # (torch's AOT compile: `fullgraph_capture`, then Inductor outside the compile context; a
+        # warm AOT load: `AOTAutogradCache.inductor_load`) only when no graph is open anywhere
+        # and it is not a helper's step (a compile worker thread's compile_file).
+        if compile_id is None and (_graphs or event_name in HELPER_EVENTS):
+            return
+        attrs: Attrs = {"starttrace.phase": "compile", "starttrace.compile.event": event_name}
+        if compile_id is not None:
+            attrs["starttrace.compile.id"] = compile_id
         span_id = recorder.begin("compile.graph", attrs, t=now)
-        _graphs[ident] = _Graph(span_id, compile_id, _counts(utils))
+        graph = _graphs[ident] = _Graph(span_id, compile_id, _counts(utils))
+        stats.graphs += 1
+        _note_event(graph, event_name)
         return
+    if graph.compile_id is None and compile_id is not None:
+        graph.compile_id = compile_id
+    _note_event(graph, event_name)
     if len(graph.events) >= MAX_EVENT_DEPTH:
         return
     span_id = recorder.begin("compile." + event_name, _STEP_ATTRS, t=now)
     graph.events.append((event_name, span_id))
+
+
+def _note_event(graph: _Graph, event_name: str) -> None:
+    if event_name in CODEGEN_EVENTS:
+        graph.codegen += 1
+    elif event_name in LOAD_EVENTS:
+        graph.loaded += 1
 
 
 def _on_end(utils: "Any", event_name: str) -> None:
@@ -186,12 +224,14 @@ def _counts(utils: "Any") -> "dict[str, int]":
     return counts
 
 
-def verdict(delta: "dict[str, int]") -> str:
-    """`miss`, `hit` or `none` from the counter differences over one graph (module docstring)."""
-    if delta.get("fxgraph_cache_miss", 0) > 0 or delta.get("vllm_artifacts_saved", 0) > 0:
+def verdict(delta: "dict[str, int]", codegen: int = 0, loaded: int = 0) -> str:
+    """`miss`, `hit` or `none` from the counter differences over one graph and whether Inductor
+    generated code in it (`codegen`) or loaded a compiled graph (`loaded`) (module docstring)."""
+    if codegen or delta.get("fxgraph_cache_miss", 0) > 0 or delta.get("vllm_artifacts_saved", 0) > 0:
         return "miss"
     if (
-        delta.get("fxgraph_cache_hit", 0) > 0
+        loaded
+        or delta.get("fxgraph_cache_hit", 0) > 0
         or delta.get("aotautograd_cache_hit", 0) > 0
         or delta.get("vllm_artifacts_loaded", 0) > 0
     ):
@@ -226,18 +266,24 @@ def note_cache_dir(path: str) -> None:
 def _graph_end_attrs(utils: "Any", graph: _Graph) -> "Attrs":
     after = _counts(utils)
     delta = {key: after.get(key, 0) - value for key, value in graph.counts.items()}
-    attrs: Attrs = {"starttrace.compile.cache": verdict(delta)}
+    attrs: Attrs = {"starttrace.compile.cache": verdict(delta, graph.codegen, graph.loaded)}
     for key, value in delta.items():
         if value:
             attrs[f"starttrace.compile.{key}"] = value
+    if graph.codegen:
+        attrs["starttrace.compile.codegen"] = graph.codegen
+    if graph.loaded:
+        attrs["starttrace.compile.cache_loads"] = graph.loaded
     fx_graphs = sum(delta.get(k, 0) for k in ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass"))
     vllm_graphs = delta.get("vllm_artifacts_loaded", 0) + delta.get("vllm_artifacts_saved", 0)
-    attrs["starttrace.compile.graphs"] = max(fx_graphs, vllm_graphs)
+    attrs["starttrace.compile.graphs"] = max(fx_graphs, vllm_graphs, graph.codegen + graph.loaded)
+    if graph.compile_id is not None:
+        attrs["starttrace.compile.id"] = graph.compile_id
     inductor_dir = inductor_cache_dir()
     if inductor_dir:
         attrs["starttrace.compile.cache_dir"] = inductor_dir
         attrs["starttrace.compile.inductor_cache_dir"] = inductor_dir
-    frame = _frame(utils, graph.compile_id)
+    frame = _frame(utils, graph.compile_id) if graph.compile_id is not None else None
     if frame:
         attrs["starttrace.compile.frame"] = frame
     attrs.update(graph.attrs)

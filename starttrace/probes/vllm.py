@@ -663,9 +663,12 @@ def _aot_load_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
     """vllm/compilation/decorators.py `_try_load_aot_compiled_fn(model, aot_compilation_path)`: with
     AOT compile (vLLM's default on torch >= 2.10) a warm start loads the whole compiled model from
     VLLM_CACHE_ROOT without Dynamo, so no torch compile event (and no compile-probe span) exists for
-    it. The load becomes a `compile.graph` span with cache `hit` (written when it returns, since only
-    then is it known); a failed load of an existing file is `compile.aot_load` with cache `miss` (the
-    compile that follows has its own spans); no file (a cold start) records nothing."""
+    it, or only the Inductor kernel loads (`AOTAutogradCache.inductor_load`, which the compile probe
+    records as a `compile.graph` hit). The load is a span written when it returns (only then is
+    the verdict known): `compile.graph` with cache `hit` when the compile probe recorded no graph
+    during it, else `compile.aot_load` (the graph is there already); a failed load of an existing file
+    is `compile.aot_load` with cache `miss` (the compile that follows has its own spans); no file
+    (a cold start) records nothing."""
     import os
     from time import monotonic_ns
 
@@ -673,6 +676,8 @@ def _aot_load_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
         if recorder._writer is None:
             return original(*args, **kwargs)
         start = monotonic_ns()
+        compile_probe = sys.modules.get("starttrace.probes.compile")
+        graphs_before = getattr(getattr(compile_probe, "stats", None), "graphs", 0)
         result = original(*args, **kwargs)
         try:
             path = _arg(args, kwargs, 1, "aot_compilation_path")
@@ -687,7 +692,8 @@ def _aot_load_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
                     "starttrace.compile.graphs": 1 if hit else 0,
                     "code.function": "vllm.compilation.decorators._try_load_aot_compiled_fn",
                 }
-                name = "compile.graph" if hit else "compile.aot_load"
+                graphs_now = getattr(getattr(compile_probe, "stats", None), "graphs", 0)
+                name = "compile.graph" if hit and graphs_now == graphs_before else "compile.aot_load"
                 span_id = recorder.begin(name, attrs, t=start, push=False)
                 recorder.end(span_id, None, None if hit else "the AOT artifact did not load")
         except Exception as exc:

@@ -137,6 +137,65 @@ def test_warm_run_compile_spans_say_hit_and_nothing_else(cold_and_warm) -> None:
     assert warm_s < cold_s
 
 
+AOT_PROGRAM = r"""
+import os, sys
+import torch
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return torch.relu(self.a(x))
+
+
+model = Block()
+x = torch.randn(8, 64)
+path = sys.argv[1]
+with torch.no_grad():
+    if os.path.exists(path):  # warm: what vLLM does with its AOT artifact
+        with open(path, "rb") as f:
+            fn = torch.compiler.load_compiled_function(f)
+        fn(model, x)
+    else:  # cold: vLLM's AOT compile (torch.compile(..., fullgraph=True).aot_compile, then save)
+        with torch._dynamo.config.patch(enable_aot_compile=True):
+            compiled = torch.compile(Block.forward, fullgraph=True, dynamic=False, backend="inductor")
+        aot = compiled.aot_compile(((model, x), {}))
+        aot.save_compiled_function(path)
+        aot(model, x)
+print("{}")
+"""
+
+
+def test_aot_compile_cold_miss_then_aot_load_hit(tmp_path: Path, clean_env) -> None:
+    """torch's AOT compile (vLLM's default on torch >= 2.10): the Inductor compile runs outside a
+    compile id and skips the FX graph cache, and a warm start loads the artifact without Dynamo.
+    The graph is still one compile.graph: `miss` cold (Inductor generated code), `hit` warm."""
+    if not hasattr(getattr(__import__("torch")._dynamo, "config", None), "enable_aot_compile"):
+        pytest.skip("this torch has no AOT compile")
+    artifact = tmp_path / "model.aot"
+    graphs = {}
+    for name in ("cold", "warm"):
+        journal_root = tmp_path / f"runs-{name}"
+        env = clean_env(STARTTRACE="1", STARTTRACE_DIR=str(journal_root), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "c"))
+        done = subprocess.run(
+            [sys.executable, "-c", AOT_PROGRAM, str(artifact)], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        (run_dir,) = [p for p in journal_root.iterdir() if p.is_dir()]
+        (root,) = [p for p in read_run(run_dir).processes if p.record.get("method") == "root"]
+        graphs[name] = _graphs(root)
+    (cold,) = graphs["cold"]
+    assert cold.attrs["starttrace.compile.cache"] == "miss"
+    assert cold.attrs["starttrace.compile.id"] == "0/0"
+    assert cold.attrs["starttrace.compile.codegen"] >= 1
+    assert cold.attrs["starttrace.compile.graphs"] >= 1
+    assert {g.attrs["starttrace.compile.cache"] for g in graphs["warm"]} == {"hit"}
+    assert all(g.attrs.get("starttrace.compile.cache_loads", 0) >= 1 for g in graphs["warm"])
+
+
 @pytest.mark.parametrize(
     ("delta", "expected"),
     [
@@ -153,3 +212,12 @@ def test_verdict(delta: dict[str, int], expected: str) -> None:
     from starttrace.probes.compile import verdict
 
     assert verdict(delta) == expected
+
+
+def test_verdict_from_events() -> None:
+    from starttrace.probes.compile import verdict
+
+    assert verdict({}, codegen=1) == "miss"  # AOT compile: Inductor generated code, no FX cache asked
+    assert verdict({"fxgraph_cache_bypass": 1}, codegen=1) == "miss"
+    assert verdict({}, loaded=1) == "hit"  # a warm AOT load
+    assert verdict({"vllm_artifacts_loaded": 1}, codegen=1) == "miss"
