@@ -400,6 +400,10 @@ def serve(
     decode_workers: Annotated[
         int, typer.Option(min=0, help="processes decoding OTLP bodies (0: in the service itself)")
     ] = 1,
+    allow_host: Annotated[
+        list[str] | None,
+        typer.Option(help="another name clients call the service by (Host header); loopback names are always accepted"),
+    ] = None,
 ) -> None:
     """The starttrace service: OTLP/HTTP receiver, /startup waterfalls, /metrics."""
     from starttrace.service.server import serve as run_server
@@ -414,6 +418,7 @@ def serve(
             token=token,
             retention=retention,
             decode_workers=decode_workers,
+            allow_hosts=allow_host or [],
         )
     except (SchemaError, ValueError) as exc:
         raise _fail(str(exc)) from None

@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hmac
+import ipaddress
 import json
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -76,12 +78,15 @@ class Settings:
     queue_max_spans: int = 400_000
     inflight_max_bytes: int = DEFAULT_INFLIGHT_BYTES  # request bodies held at once; past it 503 + Retry-After
     ack_timeout_s: float = DEFAULT_ACK_TIMEOUT_S  # spans not committed by then: 503 (never a 200)
+    body_timeout_s: float = 10.0  # an OTLP body not received whole by then: 408, the connection closed
     poll_s: float = 1.0
     retry_after_s: int = 2
     live_model_ttl_s: float = 1.0
     prebuild_idle_s: float | None = 0.3  # build a run's model this long after its last ingest; None: on request only
     start_background: bool = True
     decode_workers: int = 1  # processes decoding OTLP bodies (service/decoder.py); 0: in the service itself
+    host: str = "127.0.0.1"  # the bind address: which Host headers are accepted (HostGuard)
+    allowed_hosts: tuple[str, ...] = ()  # more names a client may call the service by (--allow-host)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -144,6 +149,90 @@ class TokenAuth:
                     (b"www-authenticate", b'Bearer realm="starttrace"'),
                     (b"content-length", str(len(body)).encode()),
                 ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+# ---------------------------------------------------------------------------------------------
+# Host header check (DNS rebinding): a web page the user visits can rebind its own name to
+# 127.0.0.1 and read the service's runs (argv, cwd, API keys in commands); the browser then sends
+# the attacker's name as Host. Only names a client of this service can have are accepted.
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost", "ip6-loopback"})
+
+
+def is_loopback(host: str) -> bool:
+    """A loopback name or address (`localhost`, `*.localhost`, 127.0.0.0/8, ::1)."""
+    host = host.strip().strip("[]").rstrip(".").lower()
+    if host in LOOPBACK_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host_name(value: str) -> str:
+    """The name of a Host header value: lower case, without port, brackets or a trailing dot."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value[1:]
+    if value.count(":") == 1:
+        value = value.split(":", 1)[0]
+    return value.rstrip(".")
+
+
+class HostGuard:
+    """Refuse (421) a request whose Host header is not a name of this service. Bound to loopback
+    (the default): loopback names, the bind address and `allowed`. Bound beyond loopback, also IP
+    literals, single-label names (a container's service name) and this machine's host names: a
+    DNS-rebinding attack needs a dotted public name it controls, and none of these is one."""
+
+    def __init__(self, app: ASGIApp, bind: str, allowed: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.local_only = is_loopback(bind)
+        names = {_host_name(n) for n in allowed if n.strip()}
+        if bind not in ("", "0.0.0.0", "::"):
+            names.add(_host_name(bind))
+        if not self.local_only:
+            with contextlib.suppress(OSError):
+                names.update({socket.gethostname().lower(), socket.getfqdn().lower()})
+        self.names = frozenset(names)
+
+    def allows(self, value: str) -> bool:
+        name = _host_name(value)
+        if not name or is_loopback(name) or name in self.names:
+            return True
+        if self.local_only:
+            return False
+        if "." not in name:
+            return True
+        try:
+            ipaddress.ip_address(name)
+            return True
+        except ValueError:
+            return False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        host = next((v.decode("latin-1") for k, v in scope.get("headers", []) if k.lower() == b"host"), "")
+        if self.allows(host):
+            await self.app(scope, receive, send)
+            return
+        body = json.dumps(
+            {
+                "error": f"Host {host[:200]!r} is not a name of this service (DNS rebinding guard);"
+                " start it with --allow-host NAME to accept it"
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 421,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
             }
         )
         await send({"type": "http.response.body", "body": body})
@@ -302,6 +391,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             decoder,
             budget,
             settings.ack_timeout_s,
+            settings.body_timeout_s,
         )
 
     @app.get("/v1/clock")
@@ -415,4 +505,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     if settings.token:
         app.add_middleware(TokenAuth, token=settings.token)  # type: ignore[arg-type]
+    # outermost: a foreign Host is refused before anything else looks at the request
+    app.add_middleware(HostGuard, bind=settings.host, allowed=settings.allowed_hosts)  # type: ignore[arg-type]
     return app

@@ -165,7 +165,7 @@ class UnsupportedEncoding(Exception):
 
 def status_response(code: int, message: str, encoding: str, headers: dict[str, str] | None = None) -> Response:
     """A google.rpc.Status body (protobuf or JSON)."""
-    grpc_code = {400: 3, 413: 8, 415: 3, 429: 8, 503: 14, 401: 16}.get(code, 2)
+    grpc_code = {400: 3, 408: 4, 413: 8, 415: 3, 429: 8, 503: 14, 401: 16}.get(code, 2)
     st = status_pb2.Status(code=grpc_code, message=message)
     if encoding == PROTOBUF:
         return Response(st.SerializeToString(), status_code=code, media_type=PROTOBUF, headers=headers)
@@ -202,6 +202,7 @@ async def handle_traces(
     decoder: Decoder | None = None,
     budget: IngestBudget | None = None,
     ack_timeout_s: float = DEFAULT_ACK_TIMEOUT_S,
+    body_timeout_s: float | None = None,
 ) -> Response:
     """The `POST /v1/traces` handler. `count(encoding, code)` counts the request for /metrics;
     `decoder` decodes the body in a worker process (service/decoder.py); `budget` bounds the
@@ -214,7 +215,17 @@ async def handle_traces(
     held = _Held(budget)
     try:
         return await _handle(
-            request, store, max_body, count, retry_after_s, decoder, held, ctype, enc_label, ack_timeout_s
+            request,
+            store,
+            max_body,
+            count,
+            retry_after_s,
+            decoder,
+            held,
+            ctype,
+            enc_label,
+            ack_timeout_s,
+            body_timeout_s,
         )
     finally:
         held.release()
@@ -231,10 +242,16 @@ async def _handle(
     ctype: str,
     enc_label: str,
     ack_timeout_s: float,
+    body_timeout_s: float | None,
 ) -> Response:
     retry = {"Retry-After": str(retry_after_s)}
     try:
-        body = await read_body(request, max_bytes=max_body, held=held)
+        body = await asyncio.wait_for(read_body(request, max_bytes=max_body, held=held), body_timeout_s)
+    except TimeoutError:  # half a body, then nothing: the connection is not held open
+        count(enc_label, 408)
+        resp = status_response(408, f"request body not received within {body_timeout_s:g} s", ctype)
+        resp.headers["Connection"] = "close"
+        return resp
     except BodyTooLarge:
         count(enc_label, 413)
         return status_response(413, f"request body larger than {max_body} bytes (after decompression)", ctype)

@@ -54,7 +54,8 @@ def test_ranks_started_apart_are_joined_by_their_rendezvous(
     venv_python: str, clean_env: Callable[..., dict[str, str]], journal_root: Path, tmp_path: Path
 ) -> None:
     _three_runs(venv_python, clean_env, journal_root)
-    with TestClient(create_app(Settings(db=tmp_path / "st.db", journal_dir=journal_root, poll_s=0.2))) as client:
+    app = create_app(Settings(db=tmp_path / "st.db", journal_dir=journal_root, poll_s=0.2))
+    with TestClient(app, base_url="http://localhost") as client:
         deadline = time.monotonic() + 30
         while len(client.get("/runs").json()["runs"]) < 3 and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -34,7 +34,9 @@ def _post(client: TestClient, run: object) -> None:
 
 def test_page_json_and_exports_of_a_three_node_run(tmp_path: Path) -> None:
     run = make_multinode_run(nodes=3, ranks_per_node=2, skews_ns=SKEWS, run_id="mn-views")
-    with TestClient(create_app(Settings(db=tmp_path / "st.db", prebuild_idle_s=None))) as client:
+    with TestClient(
+        create_app(Settings(db=tmp_path / "st.db", prebuild_idle_s=None)), base_url="http://localhost"
+    ) as client:
         _post(client, run)
         app = client.app
         assert app.state.store.flush(30)  # type: ignore[attr-defined]

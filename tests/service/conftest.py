@@ -39,7 +39,7 @@ def make_client(tmp_path: Path) -> Iterator[Callable[..., TestClient]]:
 
     def make(**kw: Any) -> TestClient:
         kw.setdefault("db", tmp_path / f"app{len(clients)}.db")
-        client = TestClient(create_app(Settings(**kw)))
+        client = TestClient(create_app(Settings(**kw)), base_url="http://localhost")
         client.__enter__()
         clients.append(client)
         return client

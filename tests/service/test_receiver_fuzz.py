@@ -22,7 +22,7 @@ FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=list(Heal
 @pytest.fixture(scope="module")
 def fuzz_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     db: Path = tmp_path_factory.mktemp("fuzz") / "fuzz.db"
-    with TestClient(create_app(Settings(db=db, max_body_bytes=2_000_000))) as c:
+    with TestClient(create_app(Settings(db=db, max_body_bytes=2_000_000)), base_url="http://localhost") as c:
         yield c
 
 
