@@ -7,6 +7,10 @@ two that started together. The instant counts for that span's phase; an instant 
 counted twice: an import inside a model load counts as import, the rest of the load as
 `model_load`.
 
+A `process.wait` (Popen.wait/communicate) is `wait` when the child is traced (its time is on its
+own lane); a wait for a child with no lane (gcc under Inductor's compile) counts for the phase of
+the span that waited.
+
 A busy loop (phase `idle`: vLLM's worker and engine-core loops) serves the startup calls the
 engine core sends (memory profile, compile, KV cache allocation, warmup): those calls are spans of
 their own phases inside the loop. The loop's time between them, before ready, is the process
@@ -55,8 +59,16 @@ def set_breakdowns(model: RunModel) -> None:
     table = span_table(model)
     work = table.filter(~pl.col("instant") & ~pl.col("phase").is_in(list(STRUCTURAL_PHASES)))
     parents = table.select(pl.col("idx").alias("parent"), pl.col("phase").alias("parent_phase"))
+    untraced = untraced_waits(model, work)
     changing = (
         work.join(parents, on="parent", how="left")
+        # a wait for a process that is not traced (gcc under Inductor) is the enclosing phase's work
+        .with_columns(
+            pl.when(pl.col("idx").is_in(untraced) & pl.col("parent_phase").is_not_null())
+            .then(pl.col("parent_phase"))
+            .otherwise(pl.col("phase"))
+            .alias("phase")
+        )
         .filter(pl.col("parent_phase").is_null() | (pl.col("parent_phase") != pl.col("phase")))
         .join(windows, on="lane", how="inner")
         .with_columns(
@@ -85,6 +97,14 @@ def set_breakdowns(model: RunModel) -> None:
         lane = model.lanes[lane_index]
         lane.timeline = sweep(spans, w_start, w_end)
         lane.breakdown = totals(lane.timeline)
+
+
+def untraced_waits(model: RunModel, work: pl.DataFrame) -> list[int]:
+    """The `process.wait` spans (by idx) whose child has no lane: a program that is not Python
+    (a compiler), or one that ran untraced. Their time is the waiting span's own work."""
+    traced = {lane.pid for lane in model.lanes if lane.pid is not None}
+    waits = work.filter(pl.col("name") == "process.wait")["idx"].to_list()
+    return [i for i in waits if model.spans[i].attrs.get("starttrace.child_pid") not in traced]
 
 
 def sweep(spans: list[tuple[int, int, int, str]], low: int, high: int) -> list[tuple[int, int, str]]:

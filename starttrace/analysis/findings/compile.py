@@ -2,8 +2,9 @@
 
 From the compile probe's `compile.graph` spans (one per compiled graph: `starttrace.compile.cache`
 hit or miss, `starttrace.compile.cache_dir`). The cost is each rank's exclusive `compile` time to
-ready (its breakdown); the saving a warm cache gives is estimated as the backend (AOT autograd and
-Inductor) time of the graphs that missed: Dynamo's tracing runs on every start, hit or miss.
+ready (its breakdown); the saving a warm cache gives is estimated as Inductor's compile
+(`compile.inductor_compile`: codegen and C++ builds) inside the graphs that missed: Dynamo's
+tracing and AOT autograd's capture run on every start, hit or miss.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import polars as pl
 
 from starttrace.analysis.findings.common import finding, s, short_name
 from starttrace.analysis.model import RunModel
+from starttrace.analysis.phases import union_ns
 from starttrace.analysis.table import span_table, spans_named
 
 GRAPH = "compile.graph"
-# the part of a compile a cache hit skips: the backend's compile (AOT autograd + Inductor)
-BACKEND = ("compile.backend_compile", "compile.inductor_compile")
+# the part of a compile a cache hit skips: Inductor's compile of the graph (codegen, C++ builds);
+# Dynamo's tracing and AOT autograd's graph capture run on every start
+BACKEND = ("compile.inductor_compile",)
 MIN_COMPILE_S = 0.5
 
 _ATTRS = {
@@ -30,27 +33,42 @@ _ATTRS = {
 
 def compile_facts(model: RunModel) -> pl.DataFrame:
     """Per lane with compiled graphs: graphs, misses, hits, cache dirs, and the backend seconds of
-    the graphs that missed (`miss_backend_ns`)."""
+    the graphs that missed (`miss_backend_ns`: the union of the backend steps inside them)."""
     graphs = spans_named(model, (GRAPH,), _ATTRS)
     if graphs.is_empty():
         return graphs
+    missed = graphs.filter(pl.col("starttrace.compile.cache") == "miss").select(
+        "lane", pl.col("start").alias("g_start"), pl.col("end").alias("g_end")
+    )
     table = span_table(model)
     backend = (
         table.filter(pl.col("name").is_in(list(BACKEND)))
-        .join(graphs.select(pl.col("idx").alias("parent"), "starttrace.compile.cache"), on="parent", how="inner")
-        .filter(pl.col("starttrace.compile.cache") == "miss")
-        .group_by("lane")
-        .agg((pl.col("end") - pl.col("start")).max().alias("longest"), (pl.col("end") - pl.col("start")).sum())
+        .join(missed, on="lane", how="inner")  # a few graphs per lane: the pairs are few
+        .filter((pl.col("start") >= pl.col("g_start")) & (pl.col("end") <= pl.col("g_end")))
+        .select("lane", "start", "end")
+        .unique()
     )
+    saving = {
+        lane: union_ns(zip(part["start"].to_list(), part["end"].to_list(), strict=True))
+        for (lane,), part in backend.partition_by("lane", as_dict=True).items()
+    }
     return (
         graphs.group_by("lane")
         .agg(
             pl.col("starttrace.compile.graphs").fill_null(1).sum().alias("graphs"),
             (pl.col("starttrace.compile.cache") == "miss").sum().alias("misses"),
             (pl.col("starttrace.compile.cache") == "hit").sum().alias("hits"),
-            pl.col("starttrace.compile.cache_dir").drop_nulls().unique().sort().alias("cache_dirs"),
+            # the caches the graphs were looked up in (not the ones of steps that asked no cache)
+            pl.col("starttrace.compile.cache_dir")
+            .filter(pl.col("starttrace.compile.cache").is_in(["hit", "miss"]))
+            .drop_nulls()
+            .unique()
+            .sort()
+            .alias("cache_dirs"),
         )
-        .join(backend.select("lane", pl.col("longest").alias("miss_backend_ns")), on="lane", how="left")
+        .with_columns(
+            pl.col("lane").replace_strict(saving, default=None, return_dtype=pl.Int64).alias("miss_backend_ns")
+        )
         .sort("lane")
     )
 
