@@ -6,11 +6,13 @@ GET /runs/{run_id}/export, GET /compare, GET /metrics, GET /healthz, /openapi.js
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as dt
 import hmac
 import ipaddress
 import json
+import math
 import os
 import re
 import socket
@@ -270,25 +272,39 @@ def not_found(run_id: str) -> JSONResponse:
     return JSONResponse({"error": "run not found", "run_id": run_id}, status_code=404)
 
 
+EXPORTS_KEPT = 16  # rendered exports kept in memory, least recently used out first
+EXPORT_BYTES_KEPT = 512 * 1024 * 1024
+
+# times the store can hold (signed 64-bit epoch ns: 1677-09-21 .. 2262-04-11)
+_MAX_NS = 2**63 - 1
+
+
 def _parse_time(value: str | None) -> int | None:
-    """Epoch seconds, or ISO 8601, or relative ('2h' = two hours ago) -> epoch ns."""
+    """Epoch seconds, or ISO 8601, or relative ('2h' = two hours ago) -> epoch ns. ValueError with
+    a clear message for anything else, and for a time out of range (e.g. epoch milliseconds)."""
     if value is None or value == "":
         return None
+    secs: float | None
     try:
-        return int(float(value) * 1e9)
+        secs = float(value)
     except ValueError:
-        pass
-    rel = _DURATION.match(value)
-    if rel and rel.group(2):
-        secs = parse_retention(value) or 0.0
-        return int((time.time() - secs) * 1e9)
-    try:
-        when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"invalid time {value!r}: use epoch seconds, ISO 8601 or e.g. 2h") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return int(when.timestamp() * 1e9)
+        secs = None
+    if secs is None:
+        rel = _DURATION.match(value)
+        if rel and rel.group(2):
+            secs = time.time() - (parse_retention(value) or 0.0)
+        else:
+            try:
+                when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                raise ValueError(f"invalid time {value!r}: use epoch seconds, ISO 8601 or e.g. 2h") from None
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=dt.UTC)
+            secs = (when - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)).total_seconds()
+    if not math.isfinite(secs) or abs(secs) * 1e9 >= _MAX_NS:
+        hint = " (epoch milliseconds? use seconds)" if math.isfinite(secs) and abs(secs) < 1e16 else ""
+        raise ValueError(f"time {value!r} out of range: epoch seconds between 1677 and 2262{hint}")
+    return int(secs * 1e9)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -307,6 +323,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         else None
     )
     templates = html.environment()
+    exports: collections.OrderedDict[tuple[Any, ...], bytes] = collections.OrderedDict()  # see export()
+    export_lock = threading.Lock()
     stop_maintenance = threading.Event()
 
     def maintenance() -> None:
@@ -468,11 +486,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         run = cache.run(run_id)
         if run is None:
             return not_found(run_id)
-        data = export_document(run, format, detail=detail, import_budget=summary_imports)
+        # cached per run version (and model build: a live run's open spans grow): an export of a
+        # large run costs seconds of CPU, once
+        key = (run_id, run.version, id(run), format, detail, summary_imports)
+        with export_lock:
+            body = exports.get(key)
+            if body is not None:
+                exports.move_to_end(key)
+        if body is None:
+            data = export_document(run, format, detail=detail, import_budget=summary_imports)
+            body = json.dumps(data, separators=(",", ":"), default=str).encode()
+            del data
+            with export_lock:
+                exports[key] = body
+                while len(exports) > 1 and (
+                    len(exports) > EXPORTS_KEPT or sum(map(len, exports.values())) > EXPORT_BYTES_KEPT
+                ):
+                    exports.popitem(last=False)
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", run_id)
         suffix = "" if detail == "full" else f".{detail}"
         return Response(
-            json.dumps(data, separators=(",", ":"), default=str),
+            body,
             media_type="application/json",
             headers={"Content-Disposition": f'attachment; filename="{safe}{suffix}.{format}.json"'},
         )

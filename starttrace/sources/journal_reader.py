@@ -19,6 +19,7 @@ from typing import Any
 from starttrace.boot import default_journal_root, process_start_monotonic
 from starttrace.run import Link, Process, Run, Span
 from starttrace.sources.journal_files import CLOCK_PREFIX, journal_files, journal_lines, parse_record
+from starttrace.sources.plausible import drop_implausible
 
 __all__ = [
     "EmptyRun",
@@ -287,7 +288,9 @@ def read_run(run_dir: Path) -> Run:
         span.in_progress = span.end_ns is None
     processes.sort(key=lambda p: p.created_ns)
     service = meta.get("service") if isinstance(meta.get("service"), str) else None
-    return Run(run_id, trace_id, root_span_id, meta, processes, problems, root_spans, run_dir, service=service)
+    run = Run(run_id, trace_id, root_span_id, meta, processes, problems, root_spans, run_dir, service=service)
+    drop_implausible(run)
+    return run
 
 
 # a run folder's file system with less free than a journal's first segment: "the disk is full"

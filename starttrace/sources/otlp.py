@@ -261,6 +261,26 @@ class Decoded:
     errors: list[str]
 
 
+MAX_RUN_ID = 200
+
+
+def run_id_problem(run_id: Any) -> str | None:
+    """Why a resource's `starttrace.run_id` cannot be a run (None: it can). A run id is a path
+    segment of every URL of the run (`/startup/{run_id}`): no `/`, not `.` or `..`, no control
+    characters, at most MAX_RUN_ID characters; so every run id stored round-trips."""
+    if run_id is None:
+        return None
+    text = str(run_id)
+    if text in ("", ".", ".."):
+        return f"invalid starttrace.run_id {text!r}"
+    if "/" in text or any(ord(c) < 32 or ord(c) == 127 for c in text) or len(text) > MAX_RUN_ID:
+        return (
+            f"invalid starttrace.run_id {text[:80]!r}: a run id is one URL path segment (no '/', no control"
+            f" characters, at most {MAX_RUN_ID} characters)"
+        )
+    return None
+
+
 def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
     """Rows from a request (its protobuf bytes, or a parsed message).
 
@@ -289,6 +309,13 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
     last_tid, last_hex = b"", ""  # the spans of a request mostly share one trace id
     for rs, rs_raw in zip(full.resource_spans, lite.resource_spans, strict=True):
         resource = _attrs(rs.resource.attributes)
+        bad_run = run_id_problem(resource.get("starttrace.run_id"))
+        if bad_run is not None:  # a run no URL could open: refused, with its spans
+            n = sum(len(ss.spans) for ss in rs.scope_spans)
+            rejected += n
+            if n and len(errors) < 5:
+                errors.append(bad_run)
+            continue
         rows: list[SpanTuple] = []
         append = rows.append
         # one str per span id of the process's batch, shared by the span and its children's parent

@@ -40,6 +40,7 @@ from typing import Any
 from starttrace.run import Process, Run, Span, gc_paused, int_or_none
 from starttrace.sources.batches import IngestBatch, PackedSpans, ProcessBatch, SpanTuple, pack_spans, unpack_spans
 from starttrace.sources.lane_reader import LaneReader, LiveReads, decode_attrs, lazy_attrs, span_row
+from starttrace.sources.plausible import drop_implausible
 
 __all__ = ["RunRows", "SchemaError", "Store", "decode_attrs", "lazy_attrs", "run_from_rows"]
 
@@ -181,24 +182,32 @@ READER_CACHE_KIB = 8192  # each reader connection's SQLite page cache (the write
 
 
 class _SpanKeys:
-    """The writer's map of stored spans: per trace (traces.id), span id -> 1 while the span's stored
-    copy is in progress, 0 once it has ended. A trace not in memory is read back from its batches
-    on first use; the least recently written traces are forgotten past MAX_KEPT_KEYS ids."""
+    """The writer's map of stored spans: per run and trace (traces.id), span id -> 1 while the
+    span's stored copy is in progress, 0 once it has ended. Per run: a span sent under two run ids
+    (two runs sharing a trace) is a span of each, counted once in each, as each run's model holds
+    it. A (run, trace) not in memory is read back from its batches on first use; the least
+    recently written are forgotten past MAX_KEPT_KEYS ids."""
 
     def __init__(self) -> None:
-        self._by_trace: dict[int, dict[str, int]] = {}  # insertion order: least recently written first
+        # insertion order: least recently written first
+        self._by_trace: dict[tuple[str, int], dict[str, int]] = {}
         self._count = 0
 
     def reset(self) -> None:
-        """Forget everything (after a rollback, a delete)."""
+        """Forget everything (after a rollback, a delete, a run moved)."""
         self._by_trace.clear()
         self._count = 0
 
-    def of(self, conn: sqlite3.Connection, trace: int) -> dict[str, int]:
-        keys = self._by_trace.pop(trace, None)
+    def of(self, conn: sqlite3.Connection, run_id: str, trace: int) -> dict[str, int]:
+        keys = self._by_trace.pop((run_id, trace), None)
         if keys is None:
             keys = {}
-            for (body,) in conn.execute("SELECT body FROM span_batches WHERE trace = ? ORDER BY seq", (trace,)):
+            rows = conn.execute(
+                "SELECT body FROM span_batches WHERE trace = ? AND lane IN (SELECT id FROM lanes WHERE run_id = ?)"
+                " ORDER BY seq",
+                (trace, run_id),
+            )
+            for (body,) in rows:
                 try:
                     spans = unpack_spans(body)
                 except ValueError:
@@ -206,7 +215,7 @@ class _SpanKeys:
                 for sp in spans:
                     keys[sp[1]] = sp[6] if keys.get(sp[1], 1) else 0
             self._count += len(keys)
-        self._by_trace[trace] = keys  # now the most recently written
+        self._by_trace[(run_id, trace)] = keys  # now the most recently written
         return keys
 
     def trim(self) -> None:
@@ -491,6 +500,7 @@ class Store:
             conn.execute("DELETE FROM runs WHERE run_id = ?", (known,))
             self._trace_runs[trace_id] = run_id
             self._moved_runs.update((known, run_id))  # their batches' order changed: no live reader
+            self._span_keys.reset()  # the moved batches' spans are the new run's now
 
     def _write_batches(self, batches: list[IngestBatch]) -> None:
         # Long by design: one SQLite transaction: everything inside it must commit or roll back together.
@@ -744,7 +754,7 @@ class Store:
         trace = self._trace_ids.get(g.trace_id)
         if trace is None:
             trace = self._trace_ref(conn, g.trace_id)
-        keys = self._span_keys.of(conn, trace)
+        keys = self._span_keys.of(conn, run_id, trace)
         ids = dict.fromkeys(g.span_ids, 0)
         if len(ids) == len(g.span_ids) and keys.keys().isdisjoint(ids):
             if g.open_ids:
@@ -1004,7 +1014,7 @@ def run_from_rows(rows: RunRows) -> Run:
         processes.append(_process_from_row({"lane_id": lane_id, "resource": {}}, spans))
     processes.sort(key=lambda p: (p.created_ns, p.instance_id))
     meta = rows.meta
-    return Run(
+    run = Run(
         run_id=rows.run_id,
         trace_id=rows.trace_id or "",
         root_span_id=str(meta.get("root_span_id") or (root_spans[0].span_id if root_spans else "")),
@@ -1017,6 +1027,8 @@ def run_from_rows(rows: RunRows) -> Run:
         version=rows.version,
         updated_at=rows.updated_at,
     )
+    drop_implausible(run)  # a span at 1970 (start_time_unix_nano=0) is named, not counted
+    return run
 
 
 _START_NS = operator.attrgetter("start_ns")
