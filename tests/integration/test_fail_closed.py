@@ -5,6 +5,7 @@ children's stderr is byte-identical to an untraced run's."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -114,3 +115,57 @@ def test_a_failing_root_leaves_the_tree_untraced_and_silent(
         assert not list(runs.iterdir())  # no run folder without a journal is left behind
         other = [line for line in traced.stderr.splitlines() if not line.startswith(("starttrace:", "Filesystem"))]
         assert [ln for ln in other if not ln.startswith(("tmpfs", " "))] == plain.stderr.splitlines()
+
+
+CHECK = """
+import json, sys
+from pathlib import Path
+from starttrace.sources.journal_reader import list_run_dirs, read_run
+(run_dir,) = list_run_dirs(Path(sys.argv[1]))
+run = read_run(run_dir)
+print(json.dumps({"problems": run.problems, "pids": [p.pid for p in run.processes]}))
+"""
+
+
+def test_children_on_a_full_disk_are_silent_and_named_in_problems(
+    tmp_path: Path, venv_python: str, clean_env: Callable[..., dict[str, str]]
+) -> None:
+    """The root's journal fits, its children's do not (the issue's 1 MB disk): the children say
+    nothing (stderr as untraced), and the run's problems name every one of them: the disk is full."""
+    if not _unshare_works():
+        pytest.skip("needs `unshare` to mount a small tmpfs")
+    base = clean_env(PYTHONDONTWRITEBYTECODE="1")
+    plain = _run(venv_python, base, tmp_path / "plain", "keep")
+    assert plain.returncode == 0, plain.stderr
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out = tmp_path / "traced"
+    out.mkdir()
+    (out / "prog.py").write_text(ROOT_PROGRAM)
+    q = shlex.quote
+    script = (
+        f"set -e; mount -t tmpfs -o size=1m tmpfs {q(str(disk))};"  # ~380 KiB free: one first segment
+        f" dd if=/dev/zero of={q(str(disk / 'filler'))} bs=4k count=160 2>/dev/null;"
+        f" {q(venv_python)} {q(str(out / 'prog.py'))} {q(str(out))} keep > {q(str(out / 'stdout'))};"
+        f" env -u STARTTRACE {q(venv_python)} -c {q(CHECK)} {q(str(disk / 'runs'))} > {q(str(out / 'check.json'))}"
+    )
+    traced = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+        env={**base, "STARTTRACE": "1", "STARTTRACE_DIR": str(disk / "runs")},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert traced.returncode == 0, traced.stderr
+    assert (out / "stdout").read_text() == "done\n"
+    for name in FILES:
+        assert (out / name).read_bytes() == (tmp_path / "plain" / name).read_bytes(), name
+    said = [line for line in traced.stderr.splitlines() if line.startswith("starttrace:")]
+    assert len(said) == 1 and "tracing run" in said[0], traced.stderr  # the root's own line only
+    result = json.loads((out / "check.json").read_text())
+    missing = [p for p in result["problems"] if "has no journal" in p]
+    # two subprocess children (each with a grandchild, which never started tracing: not launched
+    # by a traced process) and the spawned child (plus its resource tracker, maybe)
+    assert len(missing) >= 3, result["problems"]
+    assert all("the disk is full" in p for p in missing), missing
+    assert len(result["pids"]) == 1  # the root's journal only
