@@ -132,3 +132,37 @@ def test_fs_type_matches_findmnt_for_the_root_and_proc() -> None:
         if shutil.which("findmnt") is None:
             pytest.skip("findmnt is not installed")
         assert fs_type(str(path)) == _findmnt(path)
+
+
+HF_PROGRAM = r"""
+import json
+from huggingface_hub import hf_hub_download  # the name vLLM's weight_utils and transformers use
+
+print(json.dumps({"path": hf_hub_download("org/tiny", "model.safetensors")}))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("huggingface_hub") is None, reason="huggingface_hub is not installed")
+def test_hf_hub_download_is_a_weights_download_span(tmp_path: Path, clean_env) -> None:
+    """A real hf_hub_download answered from a local Hub cache (offline: nothing is fetched)."""
+    repo = tmp_path / "hub" / "models--org--tiny"
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots" / "abc123" / "model.safetensors").write_bytes(b"\0" * 12345)
+    journal_root = tmp_path / "runs"
+    env = clean_env(
+        STARTTRACE="1", STARTTRACE_DIR=str(journal_root), HF_HUB_CACHE=str(tmp_path / "hub"), HF_HUB_OFFLINE="1"
+    )
+    done = subprocess.run([sys.executable, "-c", HF_PROGRAM], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    path = json.loads(done.stdout.strip().splitlines()[-1])["path"]
+    (run_dir,) = [p for p in journal_root.iterdir() if p.is_dir()]
+    (process,) = read_run(run_dir).processes
+    (span,) = [s for s in process.spans if s.name == "weights.download"]
+    assert span.attrs["starttrace.phase"] == "model_load"
+    assert span.attrs["starttrace.weights.repo"] == "org/tiny"
+    assert span.attrs["starttrace.weights.repo_file"] == "model.safetensors"
+    assert span.attrs["starttrace.weights.file"] == path
+    assert span.attrs["starttrace.weights.file_bytes"] == 12345
+    assert "huggingface_hub.file_download.hf_hub_download" in process.resource["starttrace.probes"]
