@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from google.rpc import status_pb2
 from st_service_helpers import start_server, wait_for
 from synth_runs import SRun, make_run, to_protobuf
 
@@ -136,3 +137,38 @@ def test_kill_9_under_duplicate_load_loses_no_acknowledged_span(tmp_path: Path) 
     out = os.environ.get("STARTTRACE_DURABILITY_OUT")
     if out:
         Path(out).write_text(json.dumps(numbers))
+
+
+def test_past_the_bytes_in_flight_503_and_a_failed_write_is_never_a_200(make_client: Any) -> None:
+    c = make_client(inflight_max_bytes=1000)
+    store = c.app.state.store
+    body = to_protobuf(make_run(ranks=1, imports_per_rank=20, run_id="budget")).SerializeToString()
+    assert len(body) > 1000
+    answers: list[int] = []
+    with store.write_lock:  # the first request holds its bytes until its spans are stored
+        first = threading.Thread(
+            target=lambda: answers.append(c.post("/v1/traces", content=body, headers=PB).status_code)
+        )
+        first.start()
+        wait_for(lambda: c.get("/healthz").json()["inflight_bytes"] > 0)
+        second = c.post("/v1/traces", content=body, headers=PB)  # a request alone passes; two do not
+        assert second.status_code == 503 and int(second.headers["Retry-After"]) >= 1
+    first.join(30)
+    assert answers == [200]
+    assert c.get("/healthz").json()["inflight_bytes"] == 0
+
+    def failing(batches: Any) -> None:
+        raise RuntimeError("disk I/O error")
+
+    real = store._write_batches
+    store._write_batches = failing
+    try:
+        other = to_protobuf(make_run(ranks=1, imports_per_rank=20, run_id="unstored", seed=7)).SerializeToString()
+        r = c.post("/v1/traces", content=other, headers=PB)
+    finally:
+        store._write_batches = real
+    assert r.status_code == 503 and int(r.headers["Retry-After"]) >= 1
+    assert "not stored" in status_pb2.Status.FromString(r.content).message
+    assert store.count_spans("unstored") == 0
+    assert c.post("/v1/traces", content=other, headers=PB).status_code == 200  # sent again: stored
+    assert store.count_spans("unstored") > 0
