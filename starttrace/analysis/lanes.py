@@ -11,7 +11,7 @@ from starttrace import run as run_type
 from starttrace.analysis.breakdown import set_breakdowns
 from starttrace.analysis.critical_path import critical_path
 from starttrace.analysis.findings import cuda_audit, find_all, preload_advice_rows
-from starttrace.analysis.liveness import dead_lanes, end_open_spans
+from starttrace.analysis.liveness import dead_lanes, end_open_spans, ended_status
 from starttrace.analysis.model import (
     GAP_MIN_NS,
     MAX_GAPS,
@@ -67,7 +67,7 @@ def _build(run: Run, now_ns: int | None, stall_s: float | None = None) -> RunMod
     dead = dead_lanes(run, lanes_by_id)  # liveness from evidence (analysis/liveness.py)
     status = _status(ready_ns, roots, list(lanes_by_id.values()))
     if dead:
-        status = "killed" if status == "exited" else status
+        status = (ended_status(why for _, why in dead.values()) or status) if status == "exited" else status
         end_open_spans(dead, nodes)
     t_first = nodes[0].start if nodes else None
     t_last = _last_time(nodes)

@@ -8,9 +8,9 @@ recorded its exit (its `process` span still open) was `killed`; one whose journa
 from its last record on, alive or not. Either way its open spans end at its last record, with the
 reason as their error, so nothing of it grows with the clock, is called in progress or `stalled`.
 
-`run_status(run)` is the run's one status (`ready`, `finished`, `exited`, `killed`, `running`),
-the model's (`lanes._status`) computed from the run type alone: `starttrace runs` lists it
-without building models.
+`run_status(run)` is the run's one status (`ready`, `finished`, `exited`, `killed`, `lost`,
+`running`), the model's (`lanes._status`) computed from the run type alone: `starttrace runs`
+lists it without building models.
 """
 
 from __future__ import annotations
@@ -94,5 +94,12 @@ def run_status(run: Run) -> str:
         return "finished"
     states = [ending(p) for p in run.processes]
     if states and all(dead for _, dead in states):
-        return "killed" if any(why is not None for why, _ in states) else "exited"
+        return ended_status([why for why, _ in states if why is not None]) or "exited"
     return "running"
+
+
+def ended_status(whys: Iterable[str]) -> str | None:
+    """The status of a run whose processes are all gone, some killed or lost: `killed` when one
+    was killed, else `lost` (a journal cut short: how it ended is not known); None: neither."""
+    whys = set(whys)
+    return "killed" if "killed" in whys else "lost" if "lost" in whys else None

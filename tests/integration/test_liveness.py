@@ -140,3 +140,40 @@ def test_a_reused_pid_is_not_the_same_process(tmp_path: Path) -> None:
     assert process_alive(os.getpid(), me[0], "") is True
     assert process_alive(os.getpid(), me[0] - 10 * 10**9, "") is False  # same pid, an earlier process
     assert process_alive(os.getpid(), me[0], "some-other-host") is None  # cannot tell
+
+
+def test_a_journal_cut_short_reads_back_lost(tmp_path: Path, venv_python: str, traced_env: dict[str, str]) -> None:
+    """RLIMIT_FSIZE fails the journal's next segment like a full disk: the process runs on and
+    exits, its exit unrecorded. It reads back `lost` (not running, not killed), its open spans end
+    at its last record, and the text report names the cut journal."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    for i in range(1500):
+        (mods / f"filler_module_with_a_rather_long_name_{i:04d}.py").write_text("X = 1\n")
+    program = (
+        "import resource, signal\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))\n"
+        "for i in range(1500):\n"
+        "    __import__(f'filler_module_with_a_rather_long_name_{i:04d}')\n"
+    )
+    env = {**traced_env, "PYTHONPATH": str(mods), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([venv_python, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    root = Path(traced_env["STARTTRACE_DIR"])
+    (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
+    run = read_run(run_dir)
+    assert run_status(run) == "lost"
+    model = build_model(run, stall_s=0.1)
+    assert model.status == "lost" and not model.lanes[0].in_progress
+    assert any(w.startswith("lost") for w in model.lanes[0].warnings)
+    assert not [f for f in model.findings if f["kind"] == "stalled"]
+    env_cli = {k: v for k, v in traced_env.items() if not k.startswith("STARTTRACE")} | {"COLUMNS": "300"}
+    text = subprocess.run(
+        [venv_python, "-m", "starttrace", "report", run_dir.name, "--dir", str(root)],
+        capture_output=True,
+        text=True,
+        env=env_cli,
+        timeout=120,
+    ).stdout
+    assert "status lost" in text and "cut short" in text and "cannot extend journal" in text
