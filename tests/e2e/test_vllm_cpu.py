@@ -38,26 +38,31 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 IMPORTTIME_LINE = re.compile(r"^import time:\s+(\d+) \|\s+(\d+) \|\s?( *)(\S+)\s*$")
+# Where vLLM 0.32 marks a function itself (vllm.tracing.instrument), its span is the one recorded
+# (named as vLLM names it, `starttrace.vllm.replaces` = our older name); our own table's names stay
+# for what vLLM does not mark.
 WORKER_PHASES = (
-    "vllm.worker.init",
-    "vllm.worker.init_worker",
     "vllm.worker.init_device",
     "vllm.init_distributed_environment",
     "dist.init",
     "vllm.initialize_model_parallel",
     "vllm.model_load",
+    "Loading (CPU)",
+    "Load model",
+    "Load weights",
     "vllm.kv_cache.profile",
-    "vllm.kv_cache.allocate",
+    "Warmup (CPU)",
+    "Allocate KV cache",
     "vllm.compile_or_warm_up",
 )
 ENGINE_PHASES = (
-    "vllm.engine_core.init",
-    "vllm.executor.init",
+    "EngineCoreProc init",
+    "Executor init",
     "vllm.executor.wait_for_workers",
-    "vllm.engine_core.init_kv_caches",
+    "Prepare model",
 )
 API_PHASES = (
-    "vllm.api_server.setup",
+    "API server setup",
     "vllm.create_engine_config",
     "vllm.async_llm.init",
     "vllm.wait_for_engine_core",
@@ -219,20 +224,25 @@ def test_vllm_phase_spans(served: Served) -> None:
             "dist.init",
             "vllm.init_distributed_environment",
             "vllm.worker.init_device",
-            "vllm.worker.init",
+            "Worker init",  # vLLM's mark on WorkerProc.__init__ (ours was vllm.worker.init)
         ]
         assert one(worker, "vllm.model_load").attrs["vllm.load_format"] == "auto"  # the real shards
         # each worker's init happened while the engine core waited for its workers
         wait = one(engine, "vllm.executor.wait_for_workers")
-        init = one(worker, "vllm.worker.init")
+        init = max((s for s in worker.spans if s.name == "Worker init"), key=lambda s: s.end_ns or 0)
+        assert init.attrs.get("starttrace.vllm.replaces") == "vllm.worker.init"
         assert wait.start_ns < init.end_ns <= wait.end_ns  # type: ignore[operator]
-        # no CUDA on this machine: no CUDA init attempted during startup
-        assert not [s for s in worker.spans if s.name == "cuda.init" and s.start_ns < ready]
+        # no CUDA on this machine: the only CUDA init attempted during startup is the one vLLM's
+        # compiler makes (get_inductor_factors asks torch.cuda), and it fails
+        for s in worker.spans:
+            if s.name == "cuda.init" and s.start_ns < ready:
+                assert s.error and "CUDA" in s.error, s.error
+                assert "vllm/compilation/" in s.attrs["starttrace.cuda.trigger"], s.attrs
     (ready_span,) = [s for s in api.spans if s.name == "ready"]
     assert ready_span.attrs["server.port"] > 0
     # the API server waited for the engine core: its ready handshake comes after the KV cache setup
     waited = one(api, "vllm.wait_for_engine_core")
-    kv_caches = one(engine, "vllm.engine_core.init_kv_caches")
+    kv_caches = one(engine, "Prepare model")  # EngineCore._initialize_kv_caches
     assert waited.start_ns < kv_caches.start_ns and kv_caches.end_ns <= waited.end_ns  # type: ignore[operator]
 
 
