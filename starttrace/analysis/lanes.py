@@ -10,6 +10,7 @@ from typing import Any
 from starttrace import run as run_type
 from starttrace.analysis.breakdown import set_breakdowns
 from starttrace.analysis.critical_path import critical_path
+from starttrace.analysis.duplicates import without_vllm_copies
 from starttrace.analysis.findings import cuda_audit, find_all, preload_advice_rows
 from starttrace.analysis.liveness import dead_lanes, end_open_spans, ended_status
 from starttrace.analysis.model import (
@@ -59,6 +60,7 @@ def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = Non
 
 def _build(run: Run, now_ns: int | None, stall_s: float | None = None) -> RunModel:
     now = time.time_ns() if now_ns is None else now_ns
+    run = without_vllm_copies(run)  # vLLM's own OTLP copies of marks the journal holds
     lanes_by_id = {p.instance_id: _lane_of(p, run.service) for p in run.processes}
     nodes, by_id = _span_nodes(run, lanes_by_id)
     # nodes are sorted by start: the first match is the earliest
