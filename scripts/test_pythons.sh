@@ -94,6 +94,10 @@ for version in "${VERSIONS[@]}"; do
   started=$SECONDS
   venv="$REPO/build/pythons/$version"
   echo "== Python $version ($("$python" -c 'import sys; print(sys.version.split()[0])'), $python): venv $venv"
+  full="$("$python" -c 'import sys; print(sys.version)')"
+  if [ -d "$venv" ] && [ "$("$venv/bin/python" -c 'import sys; print(sys.version)' 2>/dev/null)" != "$full" ]; then
+    rm -rf "$venv"  # made by another interpreter of that version (or broken): start again
+  fi
   if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
     pip_install "$venv" -U "pip>=24"
