@@ -264,6 +264,16 @@ def upgrade_span_rows(conn: sqlite3.Connection) -> None:
         raise
 
 
+def _acknowledge(batches: list[IngestBatch]) -> None:
+    """Tell each batch's sender that its transaction committed (each told once: `on_written` is
+    cleared, so a later failure of the same write is not reported for it)."""
+    for b in batches:
+        callback, b.on_written = b.on_written, None
+        if callback is not None:
+            with contextlib.suppress(Exception):
+                callback(None)
+
+
 class StoreSaturated(Exception):
     """The ingest queue is full: the client should retry later."""
 
@@ -556,6 +566,7 @@ class Store:
                     versions[run_id] = int(version[0][0])
                 with self._live.lock:  # a load sees the commit together with what the live readers got of it
                     conn.execute("COMMIT")
+                    _acknowledge(batches)  # on disk now: the receiver answers while the rest goes on
                     self._feed_live(pending, versions)
             except BaseException:
                 conn.execute("ROLLBACK")
