@@ -162,3 +162,36 @@ def test_no_finding_where_the_run_shows_no_cost() -> None:
     m = build_model(b.build(ready_at=1_100))
     kinds = {f["kind"] for f in m.findings}
     assert not kinds & {"cold_compile", "slow_weights", "graph_capture", "kv_profile"}
+
+
+def _inductor_only(aot_failed: bool) -> RunModel:
+    """A worker that compiled one graph into Inductor's default cache; with `aot_failed`, after vLLM
+    failed to load its AOT-compiled model (the file was there)."""
+    b = Builder(["/venv/bin/vllm", "serve", "m"])
+    api = b.proc(100, 1, "api_server", "root", None, 0, 20_000)
+    w = b.proc(110, 100, "worker", "spawn", None, 10, 20_000, rank=0, world_size=1)
+    if aot_failed:
+        b.span(w, "compile.aot_load", 1_000, 1_500, phase="compile")
+        _attrs(
+            w,
+            **{"starttrace.compile.cache": "miss", "starttrace.compile.cache_dir": "/c/torch_compile_cache/h/rank_0_0"},
+        )
+    b.span(w, "compile.graph", 1_500, 9_500, phase="compile")
+    _attrs(w, **{"starttrace.compile.cache": "miss", "starttrace.compile.cache_dir": "/tmp/torchinductor_root"})
+    b.span(api, "uvicorn.startup", 10_000, 10_100, phase="server_startup")
+    return build_model(b.build(ready_at=10_200))
+
+
+def test_an_inductor_cache_miss_points_at_torchinductor_cache_dir() -> None:
+    f = _one(_inductor_only(aot_failed=False), "cold_compile")
+    assert f["cache_dirs"] == ["/tmp/torchinductor_root"]
+    assert "TORCHINDUCTOR_CACHE_DIR" in f["action"] and "VLLM_CACHE_ROOT" not in f["action"]
+    assert f["aot_load_failures"] == []
+
+
+def test_a_failed_aot_load_is_named_with_what_to_do() -> None:
+    f = _one(_inductor_only(aot_failed=True), "cold_compile")
+    assert f["aot_load_failures"] == ["/c/torch_compile_cache/h/rank_0_0"]
+    assert "could not load it, and compiled again" in f["text"]
+    assert "VLLM_USE_AOT_COMPILE=0" in f["action"]
+    assert f["seconds"] == 8.5  # the failed load and the compile after it

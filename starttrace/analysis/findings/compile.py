@@ -19,6 +19,7 @@ from starttrace.analysis.phases import union_ns
 from starttrace.analysis.table import span_table, spans_named
 
 GRAPH = "compile.graph"
+AOT_LOAD = "compile.aot_load"  # vLLM's load of its AOT-compiled model; cache miss: the file failed to load
 # the part of a compile a cache hit skips: Inductor's compile of the graph (codegen, C++ builds);
 # Dynamo's tracing and AOT autograd's graph capture run on every start
 BACKEND = ("compile.inductor_compile",)
@@ -95,18 +96,17 @@ def cold_compile_findings(model: RunModel) -> list[dict[str, Any]]:
     text = (
         f"torch.compile compiled {graphs} graph(s) with {misses} compile-cache miss(es){where}: "
         f"{s(slowest)} of compile on the slowest rank ({short_name(model.lanes[worst['lane']])}); "
-        f"a warm cache would save about {s(predicted)} per rank (the backend compile of the graphs that missed)"
+        f"a warm cache would save about {s(predicted)} per rank (Inductor's compile of the graphs that missed)"
     )
-    vllm = any(ln.role in ("worker", "engine_core") for ln in lanes)
-    keep = dirs[0] if dirs else "the compile cache directory"
-    if vllm:
+    failed = aot_load_failures(model, {r["lane"] for r in rows})
+    if failed:
+        text += f"; vLLM found its AOT-compiled model in {', '.join(failed)} but could not load it, and compiled again"
+    action = _keep_cache_action(dirs)
+    if failed:
         action = (
-            f"keep {keep} across starts: put VLLM_CACHE_ROOT on a persistent volume (or bake a warmed cache into "
-            "the image), so the next start loads the compiled graphs instead of compiling them"
-        )
-    else:
-        action = (
-            f"keep {keep} across starts (TORCHINDUCTOR_CACHE_DIR on a persistent volume, or pre-warm it in the image)"
+            "vLLM's AOT compile cache failed to load (vLLM's log says why: 'Compiling model again due to a load "
+            "failure'); until that is fixed, VLLM_USE_AOT_COMPILE=0 makes vLLM use Inductor's FX graph cache "
+            "(TORCHINDUCTOR_CACHE_DIR); and " + action
         )
     return [
         finding(
@@ -121,5 +121,32 @@ def cold_compile_findings(model: RunModel) -> list[dict[str, Any]]:
             cache_dirs=dirs,
             compile_s_per_rank={str(model.lanes[k].pid): round(v, 6) for k, v in per_rank.items()},
             predicted_saving_s=round(predicted, 6),
+            aot_load_failures=failed,
         )
     ]
+
+
+def _keep_cache_action(dirs: list[str]) -> str:
+    """Keep the cache the misses were in: vLLM's artifact cache lives under VLLM_CACHE_ROOT
+    (`.../torch_compile_cache/...`), Inductor's FX graph cache in TORCHINDUCTOR_CACHE_DIR (by default
+    /tmp/torchinductor_<user>: gone with the container, or at reboot)."""
+    keep = ", ".join(dirs) if dirs else "the compile cache directory"
+    if any("torch_compile_cache" in d for d in dirs):
+        return (
+            f"keep {keep} across starts: put VLLM_CACHE_ROOT on a persistent volume (or bake a warmed cache into "
+            "the image), so the next start loads the compiled graphs instead of compiling them"
+        )
+    return (
+        f"keep {keep} across starts: set TORCHINDUCTOR_CACHE_DIR to a persistent volume (the default "
+        "/tmp/torchinductor_<user> is lost with the container or at reboot), or pre-warm it in the image"
+    )
+
+
+def aot_load_failures(model: RunModel, lanes: set[int]) -> list[str]:
+    """The cache directories of vLLM AOT-compiled models that were there but failed to load
+    (`compile.aot_load` with cache `miss`) in these lanes."""
+    spans = spans_named(
+        model, (AOT_LOAD,), {"starttrace.compile.cache": pl.String(), "starttrace.compile.cache_dir": pl.String()}
+    )
+    failed = spans.filter(pl.col("lane").is_in(list(lanes)) & (pl.col("starttrace.compile.cache") == "miss"))
+    return sorted({str(d) for d in failed["starttrace.compile.cache_dir"].to_list() if d})
