@@ -1,5 +1,8 @@
 """`stalled` findings (live runs): a process stuck in one span, and the processes that wait for it.
 
+Only live processes are named: a lane that exited, or whose process is gone (its pid dead or
+another process: `analysis/liveness.py`), is never stalled, whatever it left open.
+
 A lane is stalled when its innermost open span (the deepest one still open, not its `process`
 span, not an idle loop) has been open at least `stall_s` seconds (STARTTRACE_STALL_S, default 60)
 and is not itself a wait. Waiters are lanes whose innermost open span is a wait: `dist.init`, a
@@ -18,7 +21,7 @@ DEFAULT_STALL_S = 60.0
 
 
 def _innermost(lane: Lane) -> SpanNode | None:
-    if lane.ready_ns is not None:
+    if lane.ready_ns is not None or lane.exited:  # only a live process can be stalled (analysis/liveness.py)
         return None
     open_spans = [
         n

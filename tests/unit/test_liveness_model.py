@@ -1,0 +1,69 @@
+"""The model's liveness rules (analysis/liveness.py) on hand-made runs: dead processes end as
+`killed` or `lost` at their last record, only live processes are `stalled`, and the CLI's
+`run_status` agrees with the model's status."""
+
+from __future__ import annotations
+
+import pytest
+
+from starttrace.analysis import lanes
+from starttrace.analysis.lanes import build_model
+from starttrace.analysis.liveness import run_status
+from starttrace.run import Process, Run, Span
+
+S = 10**9
+T0 = 1_796_269_000 * S
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def per_span_loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each rule with the model's per-span loops in C (where built) and in Python."""
+    if request.param == "python":
+        for name in ("c_span_nodes", "c_link_tree", "c_set_durations", "c_last_time"):
+            monkeypatch.setattr(lanes, name, None, raising=False)
+    return str(request.param)
+
+
+def _proc(pid: int, *, alive: bool | None, exited: bool = False, warnings: list[str] | None = None) -> Process:
+    own = Span(f"p{pid}", "root", "process", T0, T0 + 5 * S if exited else None, {"starttrace.phase": "process"})
+    work = Span(f"w{pid}", own.span_id, f"import slow{pid}", T0 + S, None, {"starttrace.phase": "import"})
+    done = Span(f"d{pid}", own.span_id, "import fast", T0, T0 + 2 * S, {"starttrace.phase": "import"})
+    res = {"starttrace.role": "worker", "process.pid": pid, "starttrace.start_method": "spawn"}
+    return Process(
+        f"i{pid}", pid, 1, None, res, own.span_id, [done, own, work], exited=exited, alive=alive,
+        warnings=warnings or [],
+    )  # fmt: skip
+
+
+def _run(*procs: Process) -> Run:
+    startup = Span("root", None, "startup", T0, None, {"starttrace.phase": "startup"})
+    return Run("r", "t" * 32, "root", {}, list(procs), [], [startup])
+
+
+def test_dead_processes_end_killed_at_their_last_record_and_are_not_stalled() -> None:
+    run = _run(_proc(10, alive=False), _proc(11, alive=False))
+    model = build_model(run, now_ns=T0 + 3600 * S, stall_s=1)
+    assert model.status == "killed" == run_status(run)
+    assert not [f for f in model.findings if f["kind"] == "stalled"]
+    slow = [n for n in model.spans if n.name.startswith("import slow")]
+    assert all(n.end == T0 + 2 * S and not n.in_progress and n.error.startswith("killed") for n in slow)
+    assert model.t_end - model.t0 == 2 * S  # not an hour: the last record, not now
+
+
+def test_only_the_live_process_is_stalled() -> None:
+    run = _run(_proc(10, alive=False), _proc(11, alive=True), _proc(12, alive=None, exited=True))
+    model = build_model(run, now_ns=T0 + 3600 * S, stall_s=1)
+    assert model.status == "running" == run_status(run)
+    stalled = [f for f in model.findings if f["kind"] == "stalled"]
+    assert [f["stalled_pid"] for f in stalled] == [11]
+
+
+def test_a_journal_cut_short_is_lost_even_while_its_process_lives() -> None:
+    cut = ["cannot extend journal /x/1-a.1.journal: [Errno 28] No space left on device"]
+    run = _run(_proc(10, alive=True, warnings=cut))
+    model = build_model(run, now_ns=T0 + 3600 * S, stall_s=1)
+    assert not [f for f in model.findings if f["kind"] == "stalled"]
+    assert any(w.startswith("lost") for w in model.lanes[0].warnings)
+    assert model.status == "running" == run_status(run)  # alive: the run goes on, untraced
+    gone = _run(_proc(10, alive=False, warnings=cut))
+    assert build_model(gone, now_ns=T0 + 3600 * S).status == "lost" == run_status(gone)
