@@ -22,7 +22,7 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
     was open finished its own work just before the span ended (within 5 % / 2 ms), the span was
     waiting for that child: continue in the child's lane instead. Otherwise, if it is not an
     import and has child spans that are not imports, the path goes on inside it: the span's own
-    time after its last such child is a step (`self`, when at least SELF_MIN_NS), then that child
+    time after its last such child is a step (`self`), then that child
     is taken (so `vllm.engine_core.init` shows the executor's wait for its workers and the KV cache
     set-up, not one step). An import stays one step. In a lane the path entered through such a
     wait, an idle stretch (the lane's last span before t ended earlier than a span of the lane
@@ -80,7 +80,7 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
         inner = _last_inner(chosen, t)
         if inner is not None:
             tail_end = min(chosen.eff_end, t)
-            if tail_end - inner.eff_end >= SELF_MIN_NS:
+            if tail_end > inner.eff_end:  # however short: the steps tile the time to ready
                 steps.append(PathStep(lane_i, chosen.name, chosen.phase, inner.eff_end, tail_end, "self"))
             t = inner.eff_end
             continue
@@ -143,7 +143,6 @@ def _merged(steps: list[PathStep]) -> list[PathStep]:
     return out
 
 
-SELF_MIN_NS = 1_000_000  # a span's own time after its last child, shorter than this, is no step of its own
 IDLE_MIN_NS = 2_000_000  # an idle stretch this long in a waited-for lane returns the path to the waiting lane
 
 

