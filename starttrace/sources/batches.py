@@ -48,6 +48,19 @@ class PackedSpans:
     body: bytes
 
 
+# a start before 2000 (start_time_unix_nano=0 from a broken exporter) does not move a run's first
+# time (the runs list, `since`): the span itself is named when the run is read (sources.plausible)
+PLAUSIBLE_MIN_NS = 946_684_800 * 10**9
+
+
+def _first_ns(group: list[SpanTuple]) -> int:
+    starts = [s[4] for s in group]
+    first = min(starts)
+    if first < PLAUSIBLE_MIN_NS:
+        first = min([t for t in starts if t >= PLAUSIBLE_MIN_NS], default=first)
+    return first
+
+
 def pack_by_trace(spans: list[SpanTuple]) -> list[PackedSpans]:
     """Spans (of one process) packed per trace id, in arrival order."""
     if not spans:
@@ -59,7 +72,7 @@ def pack_by_trace(spans: list[SpanTuple]) -> list[PackedSpans]:
             trace_id,
             [s[1] for s in group],
             [s[1] for s in group if s[6]],
-            min([s[4] for s in group]),
+            _first_ns(group),
             max([s[5] if s[5] is not None else s[4] for s in group]),
             pack_spans(group),
         )

@@ -126,6 +126,10 @@ def test_implausible_timestamps_are_named_and_kept_out_of_metrics(client: TestCl
     # (the run has no ready: it is live, so its startup runs to now; 1970 would make it 1.8e9 s)
     assert startup is not None and float(startup.group(1)) < 30 * 86400, startup
     assert "s3" not in {row[2] for lane in doc["lanes"] for row in lane["spans"]}
+    (row,) = [
+        r for r in client.get("/runs", headers={"Accept": "application/json"}).json()["runs"] if r["run_id"] == "epoch0"
+    ]
+    assert row["start_ns"] == T0  # the runs list does not start it in 1970 either
 
 
 def test_exports_are_cached_per_run_version(make_client: Callable[..., TestClient]) -> None:
