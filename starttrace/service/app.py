@@ -483,18 +483,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         detail: str = Query("full", pattern="^(full|summary)$", description="full, or summary (what Jaeger holds)"),
         summary_imports: int = Query(DEFAULT_IMPORT_BUDGET, ge=0, le=1_000_000, description="imports kept per process"),
     ) -> Response:
-        run = cache.run(run_id)
-        if run is None:
+        model = cache.model(run_id)
+        run = cache.run(run_id) if model is not None else None
+        if model is None or run is None:
             return not_found(run_id)
-        # cached per run version (and model build: a live run's open spans grow): an export of a
-        # large run costs seconds of CPU, once
-        key = (run_id, run.version, id(run), format, detail, summary_imports)
+        # Spans still open end where the model ends them: now while the run is live, else at the
+        # run's last record (a killed run's open spans do not grow with the clock). Cached per run
+        # version (and, while live, per model build, at most one a second): an export of a large
+        # run costs seconds of CPU, once.
+        now_ns = None if model.live else model.t_end
+        key = (run_id, run.version, id(run) if model.live else None, format, detail, summary_imports)
         with export_lock:
             body = exports.get(key)
             if body is not None:
                 exports.move_to_end(key)
         if body is None:
-            data = export_document(run, format, detail=detail, import_budget=summary_imports)
+            data = export_document(run, format, now_ns=now_ns, detail=detail, import_budget=summary_imports)
             body = json.dumps(data, separators=(",", ":"), default=str).encode()
             del data
             with export_lock:

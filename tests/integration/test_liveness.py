@@ -121,6 +121,13 @@ def test_sigkilled_run_reads_back_killed_with_no_stalled(
         doc = wait_for(lambda: (d := service_doc()) is not None and d["status"] == "killed" and d, timeout=30)
         assert not [f for f in doc["findings"] if f["kind"] == "stalled"]
         assert _open_spans(doc) == []
+        # exports end the killed processes' open spans where the model does, and do not change
+        first = httpx.get(f"{srv.url}/runs/{run_id}/export?format=jaeger", timeout=60)
+        time.sleep(1.2)
+        again = httpx.get(f"{srv.url}/runs/{run_id}/export?format=jaeger", timeout=60)
+        assert first.status_code == 200 and first.content == again.content
+        slow_spans = [s for t in first.json()["data"] for s in t["spans"] if s["operationName"] == "import slowmod"]
+        assert len(slow_spans) == 3 and all(s["duration"] < 60e6 for s in slow_spans)  # µs
         listed = httpx.get(f"{srv.url}/runs", headers={"Accept": "application/json"}, timeout=30).json()["runs"]
         assert [r.get("status") for r in listed if r["run_id"] == run_id] in ([None], ["killed"])
     finally:
