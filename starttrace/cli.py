@@ -230,11 +230,13 @@ def _run_row(path: Path) -> dict[str, Any]:
         pass
     from starttrace.analysis.liveness import run_status
     from starttrace.sources.journal_files import journal_files
-    from starttrace.sources.journal_reader import ReaderError, read_run
+    from starttrace.sources.journal_reader import EmptyRun, ReaderError, read_run
 
     journals = journal_files(path)  # one per process, either format version (docs/journal.md)
     try:  # the model's status (analysis/liveness.py): `report` and the service say the same
         status = run_status(read_run(path))
+    except EmptyRun:
+        status = "no journal"
     except ReaderError:
         status = "unreadable"
     created = meta.get("created_epoch_ns")
