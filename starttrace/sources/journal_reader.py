@@ -297,6 +297,7 @@ def read_run(run_dir: Path) -> Run:
 _FULL_DISK_BYTES = 256 * 1024
 _PYTHON = re.compile(r"(^|/)(python|pypy)[0-9.]*[a-z]?$")
 _CUT_MARKS = ("cannot extend journal", "journal disabled")
+_STARTING_NS = 5 * 10**9  # a child alive this soon after its launch may not have opened its journal yet
 
 
 def missing_problems(run_dir: Path, processes: list[Process]) -> list[str]:
@@ -348,6 +349,8 @@ def missing_problems(run_dir: Path, processes: list[Process]) -> list[str]:
             why = "no journal from its host"
         elif process_start_monotonic(pid) is None:
             why = "gone before tracing started in it (killed, or not a Python process)"
+        elif time.time_ns() - (span.end_ns or span.start_ns) < _STARTING_NS:
+            continue  # launched a moment ago: its tracing may still be starting
         else:
             why = "running but not traced (tracing off in it, or not a Python process)"
         what = f" `{command[:80]}`" if command else ""
