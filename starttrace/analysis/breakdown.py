@@ -30,7 +30,7 @@ import heapq
 import polars as pl
 
 from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, RunModel
-from starttrace.analysis.table import span_table
+from starttrace.analysis.table import as_int64, span_table
 
 UNEXPLAINED = "unexplained"
 WAIT = "wait"
@@ -41,13 +41,15 @@ RENAMED = {"idle": WAIT}
 def lane_windows(model: RunModel) -> pl.DataFrame:
     """Per lane: the window the breakdown divides (`w_start`, `w_end`), for lanes that have one."""
     rows = [
-        (lane.index, lane.start, lane.end) for lane in model.lanes if not lane.after_ready and lane.end > lane.start
+        (lane.index, as_int64(lane.start), as_int64(lane.end))
+        for lane in model.lanes
+        if not lane.after_ready and lane.end > lane.start
     ]
     return pl.DataFrame(rows, schema={"lane": pl.Int32, "w_start": pl.Int64, "w_end": pl.Int64}, orient="row")
 
 
 def set_breakdowns(model: RunModel) -> None:
-    """Fill `lane.after_ready` and `lane.breakdown` for every lane of the model."""
+    """Fill `lane.after_ready`, `lane.timeline` and `lane.breakdown` for every lane of the model."""
     ready = model.ready_ns
     for lane in model.lanes:
         lane.after_ready = ready is not None and lane.start >= ready and lane.process_span is not None

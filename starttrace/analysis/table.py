@@ -29,7 +29,7 @@ SPAN_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-def _i64(t: int) -> int:
+def as_int64(t: int) -> int:
     """A time as int64 (a journal can hold any integer; polars cannot)."""
     return _I64_MAX if t > _I64_MAX else _I64_MIN if t < _I64_MIN else t
 
@@ -58,8 +58,8 @@ def span_table(model: RunModel) -> pl.DataFrame:
             "depth": [n.depth for n in spans],
             "name": [n.name for n in spans],
             "phase": [n.phase for n in spans],
-            "start": [_i64(n.start) for n in spans],
-            "end": [_i64(n.eff_end) for n in spans],
+            "start": [as_int64(n.start) for n in spans],
+            "end": [as_int64(n.eff_end) for n in spans],
             "instant": [n.instant for n in spans],
         },
         schema=SPAN_SCHEMA,
