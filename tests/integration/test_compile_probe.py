@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,9 +64,8 @@ def _traced_run(tmp_path: Path, clean_env, cache_dir: Path, name: str) -> tuple[
 
 
 @pytest.fixture(scope="module")
-def cold_and_warm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Process, Process, dict]:
-    from conftest import clean_env
-
+def cold_and_warm(tmp_path_factory: pytest.TempPathFactory, clean_env: Any) -> tuple[Path, Process, Process, dict]:
+    # the session fixture, not `import conftest`: several conftest.py exist under tests/
     base = tmp_path_factory.mktemp("compile")
     cache_dir = base / "inductor-cache"
     cold_out, cold = _traced_run(base, clean_env, cache_dir, "cold")
