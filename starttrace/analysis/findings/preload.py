@@ -344,7 +344,8 @@ def _wording(
         )
         action = (
             f"try it: {try_it}, then `starttrace compare {model.run_id} <new run>`; to keep it, add them to "
-            "multiprocessing.set_forkserver_preload(...) where the forkserver is started"
+            "multiprocessing.set_forkserver_preload(...) before the forkserver starts (with Python 3.14's "
+            "default start method it starts at the first Process.start(): call it before that)"
         )
         return text, action
     by = group.launcher.label if group.launcher is not None else "their parent"
