@@ -9,6 +9,7 @@ and lets tables be as wide as their content.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,8 +164,21 @@ def _report_head(model: RunModel, console: Console) -> None:
     console.print(
         f"startup {model.startup_s:.3f} s  processes {len(model.lanes)}  spans {len(model.spans)}", markup=False
     )
+    programs: dict[str, int] = {}
     for problem in model.problems:
+        found = _NOT_PYTHON.search(problem)
+        if found:  # expected (uname, lscpu, gcc, ...): one line for all of them, the JSON lists each
+            programs[found.group(1)] = programs.get(found.group(1), 0) + 1
+            continue
         console.print(Text(f"warning: {problem}", style="yellow"))
+    if programs:
+        names = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(programs.items()))
+        console.print(
+            Text(f"note: {sum(programs.values())} launched children are not Python processes, so not traced: {names}")
+        )
+
+
+_NOT_PYTHON = re.compile(r"has no journal: not a Python process \((.+)\)$")
 
 
 def _nodes(model: RunModel, console: Console, wide: bool) -> None:

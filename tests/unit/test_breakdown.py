@@ -167,3 +167,26 @@ def test_the_report_shows_breakdowns_and_folds_processes_started_after_ready() -
     breakdown_row = next(r for r in rows if r.split()[5].replace(".", "").isdigit() and "%" not in r)
     numbers = [float(x) for x in breakdown_row.split()[5:]]
     assert abs(numbers[0] - sum(numbers[1:])) < 0.01, breakdown_row
+
+
+def test_the_report_folds_children_that_are_not_python_into_one_note() -> None:
+    import io
+
+    from rich.console import Console
+
+    from starttrace.views.terminal import render_report
+
+    m = _vllm_like()
+    not_python = "has no journal: not a Python process"
+    m.problems = [
+        f"pid 7 launched by worker rank 0 pid 110 (process.launch `uname -p`) {not_python} (uname)",
+        f"pid 8 launched by worker rank 0 pid 110 (process.launch `g++ a.cpp`) {not_python} (g++)",
+        f"pid 9 launched by worker rank 0 pid 110 (process.launch `g++ b.cpp`) {not_python} (g++)",
+        "pid 10 launched by api_server pid 100 (process.launch) has no journal: killed by signal 9 before tracing",
+    ]
+    out = io.StringIO()
+    render_report(m, Console(file=out, width=300, force_terminal=False, color_system=None))
+    text = out.getvalue()
+    assert "note: 3 launched children are not Python processes, so not traced: g++ x2, uname" in text
+    assert "warning: pid 10 launched by api_server pid 100" in text  # a real problem stays a warning
+    assert "pid 8 launched" not in text
