@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 import pytest
+from chromium_page import CHROMIUM, chromium_page
 from st_service_helpers import start_server, wait_for
 from synth_runs import SProcess, SRun, SSpan, to_protobuf
 
-CHROMIUM = "/usr/bin/chromium"
 S = 1_000_000_000
 T0 = 1_750_000_000 * S
 DASH = "\u2013"  # the page's view range: "0 µs \u2013 6.12 s"
@@ -84,48 +84,33 @@ def _seconds(text: str) -> float:
 
 
 def test_the_page_opens_on_start_to_ready(service: str, tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
     doc = httpx.get(service + "/startup/window-run?format=json").json()
     assert doc["ready_s"] == 6.0
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"),
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"],
-            headless=True,
-            viewport={"width": 1400, "height": 1000},
+    with chromium_page(tmp_path / "profile") as (page, errors):
+        page.goto(service + "/startup/window-run")
+        page.wait_for_selector("body[data-loaded=true]", timeout=20_000)
+        low, high = page.locator("#view-range").inner_text().split(DASH)
+        assert _seconds(low) == 0.0
+        assert 6.0 <= _seconds(high) <= 6.2, "opens on 0 -> ready, not on the run's 40 s"
+        # the per-process table: each row's breakdown cells add up to its total
+        heads = page.eval_on_selector_all("#rank-table thead th", "ths => ths.map(t => t.textContent.trim())")
+        rows = page.eval_on_selector_all(
+            "#rank-table tbody tr", "trs => trs.map(tr => Array.from(tr.cells).map(c => c.textContent.trim()))"
         )
-        try:
-            page = context.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(service + "/startup/window-run")
-            page.wait_for_selector("body[data-loaded=true]", timeout=20_000)
-            low, high = page.locator("#view-range").inner_text().split(DASH)
-            assert _seconds(low) == 0.0
-            assert 6.0 <= _seconds(high) <= 6.2, "opens on 0 -> ready, not on the run's 40 s"
-            # the per-process table: each row's breakdown cells add up to its total
-            heads = page.eval_on_selector_all("#rank-table thead th", "ths => ths.map(t => t.textContent.trim())")
-            rows = page.eval_on_selector_all(
-                "#rank-table tbody tr", "trs => trs.map(tr => Array.from(tr.cells).map(c => c.textContent.trim()))"
-            )
-            total_at = heads.index("total s")
-            parts = slice(total_at + 1, heads.index("coverage"))
-            assert len(rows) == 2, rows  # the helper started after ready is not a row
-            for row in rows:
-                cells = [float(c) for c in row[parts] if c]
-                assert abs(sum(cells) - float(row[total_at])) < 0.01, (heads, row)
-            assert "idle" not in heads and "wait" in heads
-            assert "1 more process" in page.locator("#after-ready").inner_text()
-            by_phase = page.eval_on_selector_all(
-                "#ready-by-phase tbody tr", "trs => trs.map(tr => parseFloat(tr.cells[1].textContent))"
-            )
-            assert abs(sum(by_phase) - 6.0) < 0.01
-            page.click("#zoom-reset")
-            assert 6.0 <= _seconds(page.locator("#view-range").inner_text().split(DASH)[1]) <= 6.2
-            page.click("#zoom-out")
-            assert _seconds(page.locator("#view-range").inner_text().split(DASH)[1]) > 6.2
-            assert not errors, errors
-        finally:
-            context.close()
+        total_at = heads.index("total s")
+        parts = slice(total_at + 1, heads.index("coverage"))
+        assert len(rows) == 2, rows  # the helper started after ready is not a row
+        for row in rows:
+            cells = [float(c) for c in row[parts] if c]
+            assert abs(sum(cells) - float(row[total_at])) < 0.01, (heads, row)
+        assert "idle" not in heads and "wait" in heads
+        assert "1 more process" in page.locator("#after-ready").inner_text()
+        by_phase = page.eval_on_selector_all(
+            "#ready-by-phase tbody tr", "trs => trs.map(tr => parseFloat(tr.cells[1].textContent))"
+        )
+        assert abs(sum(by_phase) - 6.0) < 0.01
+        page.click("#zoom-reset")
+        assert 6.0 <= _seconds(page.locator("#view-range").inner_text().split(DASH)[1]) <= 6.2
+        page.click("#zoom-out")
+        assert _seconds(page.locator("#view-range").inner_text().split(DASH)[1]) > 6.2
+        assert not errors, errors

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from chromium_page import CHROMIUM, chromium_page
 from st_service_helpers import start_server, wait_for
 from synth_runs import make_run, to_protobuf
-
-CHROMIUM = "/usr/bin/chromium"
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no /usr/bin/chromium")
 
@@ -35,34 +34,19 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def test_findings_list_first_and_clickable(service: str, tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"),
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"],
-            headless=True,
-            viewport={"width": 1400, "height": 1000},
-        )
-        try:
-            page = context.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(service + "/startup/findings-run")
-            page.wait_for_selector("body[data-loaded=true]", timeout=20_000)
-            panels = page.evaluate("Array.from(document.querySelectorAll('#panels > section')).map(s => s.id)")
-            assert panels[0] == "findings", panels
-            items = page.locator("#findings-list > li")
-            assert items.count() >= 1
-            preload = page.locator("#findings-list > li[data-kind=preload]").first
-            text = preload.inner_text()
-            assert "to the preload of forkserver pid 1002" in text and "vllm.common0" in text
-            assert "STARTTRACE_FORKSERVER_PRELOAD" in text
-            assert "<script>" not in page.locator("#findings").inner_html()
-            preload.locator(".finding-text").click()
-            page.wait_for_selector("#import-tree:not([hidden])")
-            assert "worker rank 0 pid 1100" in page.locator("#tree-title").inner_text()
-            assert errors == []
-        finally:
-            context.close()
+    with chromium_page(tmp_path / "profile") as (page, errors):
+        page.goto(service + "/startup/findings-run")
+        page.wait_for_selector("body[data-loaded=true]", timeout=20_000)
+        panels = page.evaluate("Array.from(document.querySelectorAll('#panels > section')).map(s => s.id)")
+        assert panels[0] == "findings", panels
+        items = page.locator("#findings-list > li")
+        assert items.count() >= 1
+        preload = page.locator("#findings-list > li[data-kind=preload]").first
+        text = preload.inner_text()
+        assert "to the preload of forkserver pid 1002" in text and "vllm.common0" in text
+        assert "STARTTRACE_FORKSERVER_PRELOAD" in text
+        assert "<script>" not in page.locator("#findings").inner_html()
+        preload.locator(".finding-text").click()
+        page.wait_for_selector("#import-tree:not([hidden])")
+        assert "worker rank 0 pid 1100" in page.locator("#tree-title").inner_text()
+        assert errors == []
