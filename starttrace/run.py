@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 # the attributes the analysis reads of (nearly) every span
+# the reason a run's `problems` give for a launched child that is not Python (no journal expected;
+# the text report folds these into one line)
+NOT_PYTHON = "not a Python process"
 HOT_KEYS = ("starttrace.phase", "starttrace.import.module", "starttrace.import.self_us")
 
 

@@ -134,10 +134,17 @@ def _lazy_loader(name: str) -> "Any":
 def _import_unrecorded(name: str) -> "Any":
     """Import probe `name` (and the helpers it imports) past the import probe: starttrace's own
     modules are not the program's imports, whose spans this runs inside."""
-    from starttrace.probes import imports
-
-    find_and_load = imports._original or (lambda module, _import: __import__(module, fromlist=["install"]))
     for module in ("starttrace.probes._wrap", name):
-        if module not in sys.modules:
-            find_and_load(module, __import__)
+        import_unrecorded(module)
+    return sys.modules[name]
+
+
+def import_unrecorded(name: str) -> "Any":
+    """Import module `name` past the import probe (no span): for what starttrace itself needs
+    (a probe, or a library a probe uses, such as ctypes for the weights probe's mincore)."""
+    if name not in sys.modules:
+        from starttrace.probes import imports
+
+        find_and_load = imports._original or (lambda module, _import: __import__(module, fromlist=["install"]))
+        find_and_load(name, __import__)
     return sys.modules[name]

@@ -448,14 +448,22 @@ def _patch_subprocess(module: "Any") -> None:
         _patch_popen_wait(popen, method)
 
 
+POLL_S = 1.0  # a Popen.wait/communicate timeout this short is a poll, not a wait
+
+
 def _patch_popen_wait(popen: "Any", method: str) -> None:
     """`process.wait` (phase `wait`, the child's pid) around `Popen.wait` and `Popen.communicate`
     while the child runs: the analysis follows the wait into the child (subprocess.run, e.g. vLLM's
-    model-inspection helper). The outermost call only (communicate calls wait)."""
+    model-inspection helper). The outermost call only (communicate calls wait), and not a poll: a
+    call with a timeout of POLL_S or less (`wait(timeout=0.1)` in a loop) would write a span a turn."""
     original = getattr(popen, method)
+    timeout_at = 0 if method == "wait" else 1  # wait(timeout), communicate(input, timeout)
 
     def wrapper(self: "Any", *args: "Any", **kwargs: "Any") -> "Any":
         if not recorder.active() or self.returncode is not None or getattr(self, "_starttrace_waiting", False):
+            return original(self, *args, **kwargs)
+        timeout = kwargs.get("timeout", args[timeout_at] if len(args) > timeout_at else None)
+        if isinstance(timeout, (int, float)) and timeout <= POLL_S:
             return original(self, *args, **kwargs)
         pid = getattr(self, "pid", 0)
         attrs = {"starttrace.phase": "wait", "starttrace.wait.call": f"Popen.{method}", **(_child_pid(pid) or {})}

@@ -129,14 +129,10 @@ def _load_libc() -> "Any":
     if _libc.handle is not None or _libc.failed:
         return _libc.handle
     try:
-        ctypes = sys.modules.get("ctypes")
-        if ctypes is None:
-            # torch and numpy load ctypes anyway; past the import probe, as it is not the program's import
-            from starttrace.probes import imports
+        from starttrace.probes import import_unrecorded
 
-            find_and_load = imports._original or (lambda name, _import: __import__(name))
-            find_and_load("ctypes", __import__)
-            ctypes = sys.modules["ctypes"]
+        # torch and numpy load ctypes anyway; past the import probe, as it is not the program's import
+        ctypes = import_unrecorded("ctypes")
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
         libc.mmap.argtypes = (

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from starttrace.boot import default_journal_root, process_start_monotonic
-from starttrace.run import Link, Process, Run, Span
+from starttrace.run import NOT_PYTHON, Link, Process, Run, Span
 from starttrace.sources.journal_files import CLOCK_PREFIX, journal_files, journal_lines, parse_record
 from starttrace.sources.plausible import drop_implausible
 
@@ -340,7 +340,7 @@ def missing_problems(run_dir: Path, processes: list[Process]) -> list[str]:
         if full:
             why = "the disk is full: no journal could be created"
         elif span.name == "process.launch" and first and not _PYTHON.search(first) and "python" not in first:
-            why = f"not a Python process ({first})"
+            why = f"{NOT_PYTHON} ({first})"
         elif code is not None and code < 0:
             why = f"killed by signal {-code} before tracing started in it"
         elif code is not None:

@@ -25,6 +25,7 @@ from starttrace.analysis.findings.compile import compile_facts
 from starttrace.analysis.findings.weights import weight_facts
 from starttrace.analysis.model import STRUCTURAL_PHASES, RunModel
 from starttrace.analysis.nodes import node_rows
+from starttrace.run import NOT_PYTHON
 
 ELLIPSIS = "…"
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -178,7 +179,7 @@ def _report_head(model: RunModel, console: Console) -> None:
         )
 
 
-_NOT_PYTHON = re.compile(r"has no journal: not a Python process \((.+)\)$")
+_NOT_PYTHON = re.compile(rf"has no journal: {re.escape(NOT_PYTHON)} \((.+)\)$")
 
 
 def _nodes(model: RunModel, console: Console, wide: bool) -> None:

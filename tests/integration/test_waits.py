@@ -46,3 +46,31 @@ def test_a_subprocess_waited_for_is_on_the_critical_path(
     in_child = sum(st.end - st.start for st in path if st.lane == child.index)
     assert in_child >= 0.8e9, [(st.lane, st.name, st.kind, (st.end - st.start) / 1e9) for st in path]
     assert sum(st.end - st.start for st in path if st.name == "process.wait") < 0.1e9
+
+
+POLLING = r"""
+import subprocess, sys
+p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.6)"])
+polls = 0
+while True:
+    try:
+        p.wait(timeout=0.02)
+        break
+    except subprocess.TimeoutExpired:
+        polls += 1
+print(polls)
+q = subprocess.Popen([sys.executable, "-c", "pass"])
+q.wait()
+"""
+
+
+def test_a_polling_loop_is_not_a_span_per_turn(
+    venv_python: str, traced_env: dict[str, str], journal_root: Path, only_run_dir: Callable[[Path], Path]
+) -> None:
+    proc = subprocess.run([venv_python, "-c", POLLING], env=traced_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.strip().splitlines()[-1]) >= 5, "the loop polled"
+    run = read_run(only_run_dir(journal_root))
+    root = next(p for p in run.processes if p.record.get("method") == "root")
+    waits = [s for s in root.spans if s.name == "process.wait"]
+    assert [s.attrs["starttrace.wait.call"] for s in waits] == ["Popen.wait"]  # q.wait() only

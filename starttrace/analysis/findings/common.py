@@ -48,6 +48,11 @@ def finding(
     return out
 
 
+def by_pid(model: RunModel, per_lane: dict[int, float], digits: int = 6) -> dict[str, float]:
+    """A per-lane measure keyed by the process's pid (as the JSON's keys: strings), rounded."""
+    return {str(model.lanes[i].pid): round(v, digits) for i, v in per_lane.items()}
+
+
 def short_name(lane: Lane) -> str:
     """How a finding names a process: `rank 1`, `EngineCore pid 7`, `forkserver pid 9`; in a run
     of several nodes with its node: `rank 9 (pid 7) on node2`."""

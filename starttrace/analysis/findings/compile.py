@@ -13,7 +13,7 @@ from typing import Any
 
 import polars as pl
 
-from starttrace.analysis.findings.common import finding, s, short_name
+from starttrace.analysis.findings.common import by_pid, finding, s, short_name
 from starttrace.analysis.model import RunModel
 from starttrace.analysis.phases import union_ns
 from starttrace.analysis.table import span_table, spans_named
@@ -119,7 +119,7 @@ def cold_compile_findings(model: RunModel) -> list[dict[str, Any]]:
             graphs=graphs,
             cache_misses=misses,
             cache_dirs=dirs,
-            compile_s_per_rank={str(model.lanes[k].pid): round(v, 6) for k, v in per_rank.items()},
+            compile_s_per_rank=by_pid(model, per_rank),
             predicted_saving_s=round(predicted, 6),
             aot_load_failures=failed,
         )

@@ -11,7 +11,7 @@ from typing import Any
 
 import polars as pl
 
-from starttrace.analysis.findings.common import finding, s, short_name
+from starttrace.analysis.findings.common import by_pid, finding, s, short_name
 from starttrace.analysis.model import RunModel
 from starttrace.analysis.phases import union_ns
 from starttrace.analysis.table import span_table, spans_named
@@ -66,6 +66,6 @@ def graph_capture_findings(model: RunModel) -> list[dict[str, Any]]:
             sizes=count,
             batch_sizes=batch_sizes,
             memory_bytes=memory,
-            seconds_per_rank={str(model.lanes[i].pid): round(v, 6) for i, v in per_lane.items()},
+            seconds_per_rank=by_pid(model, per_lane),
         )
     ]

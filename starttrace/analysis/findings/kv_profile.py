@@ -11,7 +11,7 @@ from typing import Any
 
 import polars as pl
 
-from starttrace.analysis.findings.common import finding, s, short_name
+from starttrace.analysis.findings.common import by_pid, finding, s, short_name
 from starttrace.analysis.model import RunModel
 from starttrace.analysis.table import spans_named
 
@@ -49,6 +49,6 @@ def kv_profile_findings(model: RunModel) -> list[dict[str, Any]]:
             text,
             action,
             available_bytes=found_bytes,
-            seconds_per_rank={str(model.lanes[i].pid): round(v, 6) for i, v in per_lane.items()},
+            seconds_per_rank=by_pid(model, per_lane),
         )
     ]

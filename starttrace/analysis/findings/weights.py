@@ -13,7 +13,7 @@ from typing import Any
 
 import polars as pl
 
-from starttrace.analysis.findings.common import finding, s, short_name
+from starttrace.analysis.findings.common import by_pid, finding, s, short_name
 from starttrace.analysis.model import RunModel
 from starttrace.analysis.phases import union_ns
 from starttrace.analysis.table import spans_named
@@ -114,7 +114,7 @@ def slow_weights_findings(model: RunModel) -> list[dict[str, Any]]:
             worst["seconds"],
             text,
             action,
-            gbps_per_rank={str(model.lanes[f["lane"]].pid): round(f["gbps"], 4) for f in facts},
+            gbps_per_rank=by_pid(model, {f["lane"]: f["gbps"] for f in facts}, digits=4),
             bytes=worst["bytes"],
             files=worst["files"],
             fs_types=fs,
