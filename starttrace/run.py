@@ -18,12 +18,22 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 # the attributes the analysis reads of (nearly) every span
+# a journal's own warnings that it ends early (a full disk): the reader's problems and the
+# analysis's liveness (`lost`) both read them
+JOURNAL_CUT_MARKS = ("cannot extend journal", "journal disabled")
+
+
+def journal_cut(warnings: Iterable[str]) -> str | None:
+    """The journal's own warning that it ends early, if any."""
+    return next((w for w in warnings if any(m in w for m in JOURNAL_CUT_MARKS)), None)
+
+
 # the reason a run's `problems` give for a launched child that is not Python (no journal expected;
 # the text report folds these into one line)
 NOT_PYTHON = "not a Python process"

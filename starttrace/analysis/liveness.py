@@ -18,14 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from starttrace.run import Process, Run
-
-CUT_MARKS = ("cannot extend journal", "journal disabled")
-
-
-def journal_cut(warnings: Iterable[str]) -> str | None:
-    """The journal's own warning that it ends early (a full disk), if any."""
-    return next((w for w in warnings if any(m in w for m in CUT_MARKS)), None)
+from starttrace.run import Process, Run, journal_cut
 
 
 def ending(process: Process) -> tuple[str | None, bool]:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from starttrace.boot import default_journal_root, process_start_monotonic
-from starttrace.run import NOT_PYTHON, Link, Process, Run, Span
+from starttrace.run import NOT_PYTHON, Link, Process, Run, Span, journal_cut
 from starttrace.sources.journal_files import CLOCK_PREFIX, journal_files, journal_lines, parse_record
 from starttrace.sources.plausible import drop_implausible
 
@@ -296,7 +296,6 @@ def read_run(run_dir: Path) -> Run:
 # a run folder's file system with less free than a journal's first segment: "the disk is full"
 _FULL_DISK_BYTES = 256 * 1024
 _PYTHON = re.compile(r"(^|/)(python|pypy)[0-9.]*[a-z]?$")
-_CUT_MARKS = ("cannot extend journal", "journal disabled")
 _STARTING_NS = 5 * 10**9  # a child alive this soon after its launch may not have opened its journal yet
 
 
@@ -307,7 +306,7 @@ def missing_problems(run_dir: Path, processes: list[Process]) -> list[str]:
     killed (by signal N) or exited before tracing started in it, it is not a Python process."""
     out: list[str] = []
     for p in processes:
-        cut = next((w for w in p.warnings if any(m in w for m in _CUT_MARKS)), None)
+        cut = journal_cut(p.warnings)
         if cut is not None:
             out.append(f"journal of {p.label()} cut short: {cut}")
     here = os.uname().nodename
