@@ -27,12 +27,9 @@ PROBES = (
 LAZY_PROBES: "dict[str, tuple[str, ...]]" = {
     "starttrace.probes.torch": ("torch.cuda", "torch.distributed", "torch.accelerator"),
     "starttrace.probes.compile": ("torch._dynamo.utils",),
-    "starttrace.probes.weights": (
-        "safetensors",
-        "safetensors.torch",
-        "torch.serialization",
-        "huggingface_hub.file_download",
-    ),
+    "starttrace.probes.weights": ("safetensors", "safetensors.torch", "huggingface_hub.file_download"),
+    # torch.load's hook apart: `import torch` imports torch.serialization, so it loads with every torch
+    "starttrace.probes.torch_load": ("torch.serialization",),
     "starttrace.probes.vllm": (
         "vllm.tracing",
         "vllm.engine.arg_utils",

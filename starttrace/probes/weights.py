@@ -8,7 +8,8 @@ the traced program imported them (this module imports the standard library only)
   safe_open`): a Python class that opens the real one and hands its calls through. One span
   `weights.load` from the open to the close (the `with` block's end, else when the object goes);
   `safetensors.torch.load_file` opens through it too (one span per file).
-- `torch.load` (in `torch.serialization`, before `torch` binds it), when its first argument is a
+- `torch.load` (hooked in `torch.serialization` by `probes/torch_load.py`, before `torch` binds it;
+  this module loads at the first call), when its first argument is a
   path (`str` or `os.PathLike`; file objects and buffers are not weight files we can name).
 - `huggingface_hub.file_download.hf_hub_download`: span `weights.download` (repo, file, size).
 
@@ -45,7 +46,6 @@ def install() -> None:
     """Register the post-import hooks (probes/__init__.py LAZY_PROBES)."""
     recorder.when_imported("safetensors", _patch_safetensors)
     recorder.when_imported("safetensors.torch", _patch_safetensors)
-    recorder.when_imported("torch.serialization", _patch_torch_serialization)
     recorder.when_imported("huggingface_hub.file_download", _patch_hf_file_download)
 
 
@@ -381,6 +381,9 @@ def _patch_safetensors(module: "Any") -> None:
 
 
 def _torch_load_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
+    """A `weights.load` span around torch.load of a path (hooked by probes/torch_load.py, which
+    makes this wrapper at the first such call)."""
+
     def load(f: "Any", *args: "Any", **kwargs: "Any") -> "Any":
         if recorder._writer is None or (not isinstance(f, str) and getattr(type(f), "__fspath__", None) is None):
             return original(f, *args, **kwargs)
@@ -401,23 +404,6 @@ def _torch_load_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
         return result
 
     return _mark(load, original)
-
-
-def _patch_torch_serialization(serialization: "Any") -> None:
-    original = getattr(serialization, "load", None)
-    if original is None or not callable(original):
-        note_missing("torch.serialization.load")
-        publish_probe_list()
-        return
-    if getattr(original, "__starttrace__", False):
-        return
-    wrapper = _torch_load_wrapper(original)
-    serialization.load = wrapper
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch, "load", None) is original:
-        torch.load = wrapper  # the probe came late: torch had bound it already
-    note_attached("torch.serialization.load")
-    publish_probe_list()
 
 
 # --------------------------------------------------------------------------------------------

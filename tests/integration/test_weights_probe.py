@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,33 @@ def test_hf_hub_download_is_a_weights_download_span(tmp_path: Path, clean_env) -
     assert span.attrs["starttrace.weights.file"] == path
     assert span.attrs["starttrace.weights.file_bytes"] == 12345
     assert "huggingface_hub.file_download.hf_hub_download" in process.resource["starttrace.probes"]
+
+
+LAZY = r"""
+import json, sys, tempfile, os
+import torch
+before = [m for m in ("starttrace.probes.torch_load", "starttrace.probes.weights") if m in sys.modules]
+path = os.path.join(tempfile.mkdtemp(), "w.pt")
+torch.save({"w": torch.zeros(4)}, path)
+torch.load(path)
+after = [m for m in ("starttrace.probes.torch_load", "starttrace.probes.weights") if m in sys.modules]
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+def test_import_torch_loads_only_the_small_torch_load_hook(
+    venv_python: str, traced_env: dict[str, str], journal_root: Path, only_run_dir: Callable[[Path], Path]
+) -> None:
+    """`import torch` imports torch.serialization: only the small hook loads with it (every traced
+    `import torch` pays for it); the weights probe loads at the first torch.load of a path."""
+    done = subprocess.run([venv_python, "-c", LAZY], env=traced_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {
+        "before": ["starttrace.probes.torch_load"],
+        "after": ["starttrace.probes.torch_load", "starttrace.probes.weights"],
+    }
+    run = read_run(only_run_dir(journal_root))
+    loads = [s for p in run.processes for s in p.spans if s.name == "weights.load"]
+    assert [s.attrs["starttrace.weights.format"] for s in loads] == ["torch"]
+    assert not [s for p in run.processes for s in p.spans if s.name == "import starttrace.probes.weights"]
