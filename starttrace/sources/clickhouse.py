@@ -1,0 +1,285 @@
+"""Runs from ClickHouse's `otel_traces`, as the Collector's `clickhouse` exporter writes them.
+
+A run is the spans whose resource carries its `starttrace.run_id`; a process is one
+`service.instance.id` (else host + pid) of it. `load_run` hands the run out as the run type
+(`starttrace.run.Run`) at full detail, its span table built from the query's Arrow answer, column by
+column (no Python object per span):
+
+- ids are the exporter's lowercase hex; `start` = Timestamp, `end` = Timestamp + Duration (epoch ns);
+- `starttrace.phase`, `starttrace.import.module`, `starttrace.import.self_us` and
+  `starttrace.launched_by` (else the link marked `starttrace.link = launched_by`) become columns;
+  `thread.id` the thread; StatusCode `Error` (or an `exception` event) the error; every other span
+  attribute goes into `attrs` as JSON text, its values typed back in SQL (the exporter wrote every
+  value as a string: decimal ints and floats, `true`/`false`, JSON arrays);
+- `starttrace.in_progress = true` marks a span still open (its end is when it was last seen); a span
+  sent twice (open, then ended) is kept once, the ended copy first;
+- ResourceAttributes become each process's `resource`, typed back in Python (a few per run);
+- the run's root `startup` spans (parent not in the run) are split out into `root_spans`, as every
+  source does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from string import Template
+from typing import Any
+
+import polars as pl
+
+from starttrace.run import COLUMN_KEYS, SPAN_SCHEMA, Process, Run, Span, empty_spans, int_or_none, span_of
+from starttrace.sources.clickhouse_client import Client
+
+RUN_KEY = "starttrace.run_id"
+# the process key: its instance id, else host and pid (a process exported without one)
+LANE_SQL = (
+    "if(ResourceAttributes['service.instance.id'] != '', ResourceAttributes['service.instance.id'],"
+    " concat(ResourceAttributes['host.name'], ':', ResourceAttributes['process.pid']))"
+)
+RUN_SQL = f"ResourceAttributes['{RUN_KEY}']"
+
+# a value the exporter wrote with AsString(), typed back in SQL: ints, floats, bools and JSON
+# arrays/maps as JSON, everything else as a JSON string (`$$`: the SQL templates are string.Template)
+_TYPED_JSON = (
+    "multiIf(match(v, '^-?(0|[1-9][0-9]{0,17})$$'), v,"
+    " v IN ('true', 'false'), v,"
+    " match(v, '^-?(0|[1-9][0-9]*)\\\\.[0-9]+([eE][-+]?[0-9]+)?$$'), v,"
+    " (startsWith(v, '[') OR startsWith(v, '{')) AND isValidJSON(v), v,"
+    " toJSONString(v))"
+)
+_SKIP_KEYS = (*COLUMN_KEYS, "thread.id", "starttrace.in_progress")
+_REST = "mapFilter((k, v) -> k NOT IN (" + ", ".join(f"'{k}'" for k in _SKIP_KEYS) + "), SpanAttributes)"
+_ATTRS_SQL = (
+    f"if(empty({_REST}), NULL, concat('{{', arrayStringConcat(arrayMap((k, v) -> concat(toJSONString(k), ':',"
+    f" {_TYPED_JSON}), mapKeys({_REST}), mapValues({_REST})), ','), '}}'))"
+)
+
+
+def _opt(key: str) -> str:
+    return f"if(mapContains(SpanAttributes, '{key}'), SpanAttributes['{key}'], NULL)"
+
+
+_LAUNCHED_BY = (
+    "coalesce(nullIf(SpanAttributes['starttrace.launched_by'], ''),"
+    " nullIf(arrayFirst((s, a) -> a['starttrace.link'] = 'launched_by', Links.SpanId, Links.Attributes), ''))"
+)
+
+SPANS_SQL = f"""
+SELECT lane, span_id, parent_id, name, start, end, in_progress, instant, error, thread, phase, module,
+       self_us, launched_by, attrs
+FROM (
+    SELECT
+        {LANE_SQL} AS lane,
+        SpanId AS span_id,
+        nullIf(ParentSpanId, '') AS parent_id,
+        toString(SpanName) AS name,
+        toUnixTimestamp64Nano(Timestamp) AS start,
+        start + toInt64(Duration) AS end,
+        SpanAttributes['starttrace.in_progress'] = 'true' AS in_progress,
+        Duration = 0 AND NOT in_progress AS instant,
+        multiIf(StatusCode IN ('Error', 'STATUS_CODE_ERROR'), if(StatusMessage != '', StatusMessage, 'error'),
+                has(Events.Name, 'exception'), 'exception', NULL) AS error,
+        toInt64OrNull(SpanAttributes['thread.id']) AS thread,
+        nullIf(SpanAttributes['{COLUMN_KEYS[0]}'], '') AS phase,
+        {_opt(COLUMN_KEYS[1])} AS module,
+        toFloat64OrNull(SpanAttributes['{COLUMN_KEYS[2]}']) AS self_us,
+        {_LAUNCHED_BY} AS launched_by,
+        {_ATTRS_SQL} AS attrs
+    FROM $traces
+    WHERE {RUN_SQL} = {{run:String}} $trace_filter
+    ORDER BY lane, span_id, in_progress, end DESC
+    LIMIT 1 BY lane, span_id
+)
+ORDER BY start, lane
+"""
+
+PROCESSES_SQL = f"""
+SELECT {LANE_SQL} AS lane, any(ResourceAttributes) AS resource, anyIf(ServiceName, ServiceName != '') AS service
+FROM $traces
+WHERE {RUN_SQL} = {{run:String}} $trace_filter
+GROUP BY lane
+"""
+
+TRACES_SQL = f"SELECT DISTINCT TraceId FROM $traces WHERE {RUN_SQL} = {{run:String}} LIMIT 16"
+
+LIST_SQL = f"""
+SELECT
+    {RUN_SQL} AS run_id,
+    any(TraceId) AS trace_id,
+    anyIf(ServiceName, ServiceName != '') AS service,
+    toUnixTimestamp64Nano(min(Timestamp)) AS start_ns,
+    max(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)) AS end_ns,
+    uniqExact({LANE_SQL}) AS processes,
+    count() AS spans
+FROM $traces
+WHERE run_id != '' $where
+GROUP BY run_id
+HAVING 1 $having
+ORDER BY start_ns DESC, run_id
+LIMIT {{limit:UInt32}}
+"""
+
+_TRACE_FILTER = "AND TraceId IN {traces:Array(String)}"
+VERSION_SQL = f"SELECT count() FROM $traces WHERE {RUN_SQL} = {{run:String}}"
+
+# resource values kept as strings even when they look like numbers
+STRING_KEYS = frozenset(
+    {
+        "service.name",
+        "service.version",
+        "service.instance.id",
+        "service.namespace",
+        "host.name",
+        "host.id",
+        "starttrace.run_id",
+        "starttrace.clock.domain",
+        "vllm.model",
+        "container.image.name",
+        "container.image.tag",
+    }
+)
+_INT = re.compile(r"^-?(0|[1-9][0-9]{0,17})$")
+_FLOAT = re.compile(r"^-?(0|[1-9][0-9]*)\.[0-9]+([eE][-+]?[0-9]+)?$")
+
+
+def typed(key: str, value: str) -> Any:
+    """A resource value the exporter wrote as a string, typed back (ints, floats, bools, JSON)."""
+    if key in STRING_KEYS:
+        return value
+    if _INT.match(value):
+        return int(value)
+    if value in ("true", "false"):
+        return value == "true"
+    if _FLOAT.match(value):
+        return float(value)
+    if value[:1] in ("[", "{"):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def typed_resource(pairs: Any) -> dict[str, Any]:
+    items = pairs.items() if isinstance(pairs, dict) else pairs
+    return {str(k): typed(str(k), str(v)) for k, v in items}
+
+
+class ClickHouseRuns:
+    """Run listing and loading over one `otel_traces` table."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.traces = client.url.traces
+
+    def _sql(self, template: str, **parts: str) -> str:
+        return Template(template).substitute(traces=self.traces, **parts)
+
+    def list_runs(
+        self,
+        service: str | None = None,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        where = having = ""
+        if service is not None:
+            where = "AND ServiceName = {service:String}"
+            params["service"] = service
+        if since_ns is not None:
+            having += " AND start_ns >= {since:Int64}"
+            params["since"] = since_ns
+        if until_ns is not None:
+            having += " AND start_ns <= {until:Int64}"
+            params["until"] = until_ns
+        sql = self._sql(LIST_SQL, where=where, having=having)
+        table = self.client.arrow(sql, params)
+        rows = table.to_pylist()
+        for row in rows:
+            row.update(source="clickhouse", version=int(row["spans"]), updated_at=None)
+        return rows
+
+    def latest_run_id(self) -> str | None:
+        rows = self.list_runs(limit=1)
+        return rows[0]["run_id"] if rows else None
+
+    def newest_run_ids(self, n: int) -> list[str]:
+        return [r["run_id"] for r in self.list_runs(limit=n)]
+
+    def run_version(self, run_id: str) -> int | None:
+        """The run's span rows (grows while the Collector writes it); None: no such run."""
+        table = self.client.arrow(self._sql(VERSION_SQL), {"run": run_id})
+        n = int(table.column(0)[0].as_py()) if table.num_rows else 0
+        return n or None
+
+    def load_run(self, run_id: str) -> Run | None:
+        """The run at full detail (None: no span carries this run id)."""
+        params: dict[str, Any] = {"run": run_id}
+        found = self.client.arrow(self._sql(TRACES_SQL), params)
+        traces = [r["TraceId"] for r in found.to_pylist()]
+        if not traces:
+            return None
+        # the bloom filter on TraceId finds the run's granules; the run id keeps other runs out
+        params["traces"] = traces
+        procs = self.client.arrow(self._sql(PROCESSES_SQL, trace_filter=_TRACE_FILTER), params)
+        spans = _span_table(self.client.arrow(self._sql(SPANS_SQL, trace_filter=_TRACE_FILTER), params))
+        return _assemble(run_id, traces[0], procs.to_pylist(), spans)
+
+
+def _span_table(table: Any) -> pl.DataFrame:
+    if table.num_rows == 0:
+        return empty_spans()
+    frame = pl.from_arrow(table)
+    assert isinstance(frame, pl.DataFrame)
+    return frame.with_columns(pl.lit(None, dtype=pl.Binary()).alias("attrs_pb")).select(
+        pl.col(name).cast(dtype) for name, dtype in SPAN_SCHEMA.items()
+    )
+
+
+def _assemble(run_id: str, trace_id: str, procs: list[dict[str, Any]], spans: pl.DataFrame) -> Run:
+    # roots: `startup` spans whose parent is not a span of the run
+    is_root = (pl.col("name") == "startup") & (
+        pl.col("parent_id").is_null() | ~pl.col("parent_id").is_in(spans.get_column("span_id").implode())
+    )
+    roots = spans.filter(is_root)
+    rest = spans.filter(~is_root)
+    root_spans: list[Span] = sorted((span_of(r) for r in roots.iter_rows(named=True)), key=lambda s: s.start_ns)
+    own = (
+        rest.filter(pl.col("name") == "process")
+        .group_by("lane")
+        .agg(pl.col("span_id", "start").sort_by("start").first())
+    )
+    own_by_lane = {lane: (sid, start) for lane, sid, start in own.iter_rows()}
+    services = [p["service"] for p in procs if p.get("service")]
+    processes: list[Process] = []
+    for p in procs:
+        resource = typed_resource(p["resource"])
+        sid, created = own_by_lane.get(p["lane"], ("", 0))
+        processes.append(
+            Process(
+                instance_id=str(p["lane"]),
+                pid=int_or_none(resource.get("process.pid")) or 0,
+                ppid=int_or_none(resource.get("process.parent_pid")) or 0,
+                journal_path=None,
+                resource=resource,
+                process_span_id=sid,
+                exited=None,
+                created_ns=int(created or 0),
+                source="clickhouse",
+            )
+        )
+    processes.sort(key=lambda p: (p.created_ns, p.instance_id))
+    return Run(
+        run_id=run_id,
+        trace_id=trace_id,
+        root_span_id=root_spans[0].span_id if root_spans else "",
+        meta={},
+        processes=processes,
+        problems=[],
+        root_spans=root_spans,
+        spans=rest,
+        service=services[0] if services else None,
+        source="clickhouse",
+        version=rest.height + len(root_spans),
+    )

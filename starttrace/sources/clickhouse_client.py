@@ -1,0 +1,219 @@
+"""Where a ClickHouse run source connects: the URL, and one small client over two engines.
+
+URLs (`--clickhouse URL`):
+- `http://user:pass@host:8123/db?table=otel_traces` (or `https://`): a ClickHouse server, through
+  the official HTTP client `clickhouse-connect`. `db` is the database the Collector's exporter is
+  configured with (default `otel`), `table` its `traces_table_name` (default `otel_traces`).
+- `chdb:PATH` (`chdb:PATH?database=otel&table=otel_traces`): the embedded engine (`chdb`, ClickHouse
+  in-process) over a data directory. The same SQL runs on both.
+
+Both clients answer a query as an Arrow table (`arrow`), run a statement (`command`), and take query
+parameters the ClickHouse way (`{name:Type}` in the SQL, values apart): no value is ever pasted into
+SQL text. Identifiers (database, table) are checked by `ident` and back-quoted.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from starttrace.sources.otel_traces_ddl import DEFAULT_DATABASE, DEFAULT_TABLE
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+class ClickHouseError(RuntimeError):
+    """A bad URL, a missing client library, or an engine that refused a statement."""
+
+
+def ident(name: str) -> str:
+    """A database or table name, back-quoted (only plain names are accepted)."""
+    if not _IDENT.match(name):
+        raise ClickHouseError(f"invalid ClickHouse identifier {name!r}: letters, digits and _ only")
+    return f"`{name}`"
+
+
+@dataclass(frozen=True)
+class ClickHouseURL:
+    kind: str  # "http" | "chdb"
+    database: str = DEFAULT_DATABASE
+    table: str = DEFAULT_TABLE
+    host: str = ""
+    port: int = 8123
+    user: str = "default"
+    password: str = ""
+    secure: bool = False
+    path: str = ""  # chdb: the data directory
+
+    @property
+    def traces(self) -> str:
+        """`db`.`table` of otel_traces."""
+        return f"{ident(self.database)}.{ident(self.table)}"
+
+    def redacted(self) -> str:
+        """The URL without its password (for messages and pages)."""
+        if self.kind == "chdb":
+            return f"chdb:{self.path}?database={self.database}&table={self.table}"
+        scheme = "https" if self.secure else "http"
+        return f"{scheme}://{self.user}@{self.host}:{self.port}/{self.database}?table={self.table}"
+
+
+def parse_url(url: str) -> ClickHouseURL:
+    """`http(s)://user:pass@host:port/db?table=T` or `chdb:PATH[?database=D&table=T]`."""
+    url = url.strip()
+    if url.startswith("chdb:"):
+        rest = url[len("chdb:") :]
+        path, _, query = rest.partition("?")
+        if not path:
+            raise ClickHouseError("chdb URL without a path: use chdb:/path/to/dir")
+        q = {k: v[-1] for k, v in parse_qs(query).items()}
+        unknown = set(q) - {"database", "table"}
+        if unknown:
+            raise ClickHouseError(f"unknown chdb URL parameter(s): {', '.join(sorted(unknown))}")
+        out = ClickHouseURL(
+            "chdb", database=q.get("database", DEFAULT_DATABASE), table=q.get("table", DEFAULT_TABLE), path=path
+        )
+    else:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ClickHouseError(f"invalid ClickHouse URL {url!r}: use http(s)://user:pass@host:8123/db or chdb:PATH")
+        q = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        unknown = set(q) - {"table"}
+        if unknown:
+            raise ClickHouseError(f"unknown ClickHouse URL parameter(s): {', '.join(sorted(unknown))}")
+        secure = parts.scheme == "https"
+        try:
+            port = parts.port or (8443 if secure else 8123)
+        except ValueError:
+            raise ClickHouseError(f"invalid port in ClickHouse URL {url!r}") from None
+        database = parts.path.strip("/") or DEFAULT_DATABASE
+        out = ClickHouseURL(
+            "http",
+            database=unquote(database),
+            table=q.get("table", DEFAULT_TABLE),
+            host=parts.hostname,
+            port=port,
+            user=unquote(parts.username) if parts.username else "default",
+            password=unquote(parts.password) if parts.password else "",
+            secure=secure,
+        )
+    ident(out.database)
+    ident(out.table)
+    return out
+
+
+class Client(Protocol):
+    url: ClickHouseURL
+
+    def arrow(self, sql: str, params: dict[str, Any] | None = None) -> Any:
+        """The query's answer as a pyarrow Table."""
+
+    def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
+        """Run a statement (DDL, INSERT ... FORMAT ...)."""
+
+    def close(self) -> None: ...
+
+
+# chdb allows one engine per process: sessions are shared by data directory (and only one directory
+# per process can be open at a time)
+_CHDB_LOCK = threading.Lock()
+_CHDB_SESSIONS: dict[str, Any] = {}
+
+
+class ChdbClient:
+    """The embedded engine over a data directory (`chdb.session.Session`)."""
+
+    def __init__(self, url: ClickHouseURL) -> None:
+        try:
+            from chdb import session
+        except ImportError:
+            raise ClickHouseError("chdb is not installed: pip install 'starttrace[clickhouse]'") from None
+        self.url = url
+        with _CHDB_LOCK:
+            sess = _CHDB_SESSIONS.get(url.path)
+            if sess is None:
+                for other in list(_CHDB_SESSIONS):  # one engine per process: the previous one closes
+                    _CHDB_SESSIONS.pop(other).close()
+                sess = _CHDB_SESSIONS[url.path] = session.Session(url.path)
+        self._session = sess
+
+    def arrow(self, sql: str, params: dict[str, Any] | None = None) -> Any:
+        try:
+            return self._session.query(sql, "ArrowTable", params=_chdb_params(params))
+        except Exception as exc:
+            raise ClickHouseError(str(exc)) from None
+
+    def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
+        try:
+            self._session.query(sql, "CSV", params=_chdb_params(params))
+        except Exception as exc:
+            raise ClickHouseError(str(exc)) from None
+
+    def close(self) -> None:
+        """Sessions stay open for the process (chdb: one engine per process); see `close_all`."""
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return str(value)
+
+
+def _chdb_params(params: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Parameters as chdb takes them: arrays as ClickHouse literals (scalars it converts itself)."""
+    if not params:
+        return None
+    return {k: "[" + ",".join(map(_literal, v)) + "]" if isinstance(v, (list, tuple)) else v for k, v in params.items()}
+
+
+def close_all() -> None:
+    """Close the process's embedded engine (tests that open several data directories)."""
+    with _CHDB_LOCK:
+        for key in list(_CHDB_SESSIONS):
+            _CHDB_SESSIONS.pop(key).close()
+
+
+class HttpClient:
+    """A ClickHouse server over HTTP (`clickhouse-connect`)."""
+
+    def __init__(self, url: ClickHouseURL) -> None:
+        try:
+            import clickhouse_connect
+        except ImportError:
+            raise ClickHouseError("clickhouse-connect is not installed: pip install 'starttrace[clickhouse]'") from None
+        self.url = url
+        try:
+            self._client = clickhouse_connect.get_client(
+                host=url.host,
+                port=url.port,
+                username=url.user,
+                password=url.password,
+                secure=url.secure,
+                database=url.database,
+                autogenerate_session_id=False,  # thread-safe: no server session shared by requests
+            )
+        except Exception as exc:
+            raise ClickHouseError(f"cannot connect to {url.redacted()}: {exc}") from None
+
+    def arrow(self, sql: str, params: dict[str, Any] | None = None) -> Any:
+        try:
+            return self._client.query_arrow(sql, parameters=params or None, use_strings=True)
+        except Exception as exc:
+            raise ClickHouseError(str(exc)) from None
+
+    def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
+        try:
+            self._client.command(sql, parameters=params or None)
+        except Exception as exc:
+            raise ClickHouseError(str(exc)) from None
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def connect(url: str | ClickHouseURL) -> Client:
+    parsed = parse_url(url) if isinstance(url, str) else url
+    return ChdbClient(parsed) if parsed.kind == "chdb" else HttpClient(parsed)
