@@ -1,0 +1,238 @@
+"""Fleet facts: what one run contributes to fleet questions, and the fleet answer over many runs.
+
+`run_facts(run, model)` derives a run's facts once (pure): time to ready, each phase's seconds (per
+run: the slowest process, from `Lane.phases`), per role too (for the metrics' histograms), the
+findings' kinds and seconds, and the run's identity (`service.name`, `service.version`, the vLLM
+model and TP/PP/DP sizes, nodes, hosts, image). Stores keep these rows (ClickHouse:
+`starttrace_runs`, `sources.clickhouse_facts`; the embedded store: `sources.facts_store`).
+
+`fleet_answer(rows, by)` answers `GET /fleet` from facts rows in Python (the embedded store); over
+ClickHouse the same groups and quantiles are computed in SQL, and both hand their groups to
+`regressions` and `answer`, so the two give one shape:
+- `groups`: one per value of `by`, with `runs`, `time_to_ready_s` {p50, p95} and per-phase {p50, p95};
+- `slowest`: the slowest runs (time to ready), each with its waterfall's link;
+- `regressions` (by = service.version): each phase whose p50 grew from one version to the next, the
+  versions in the order they first appeared (a release follows the one before it).
+Quantiles interpolate linearly between the two nearest runs (as ClickHouse's `quantile` does below
+its 8192-value sample).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import polars as pl
+
+from starttrace.analysis.model import STRUCTURAL_PHASES, RunModel
+from starttrace.run import Run
+
+FACTS_VERSION = 1  # bump when the facts' definition changes: stores re-derive older rows
+QUANTILES = (0.5, 0.95)
+SLOWEST = 10
+REGRESSION_MIN_S = 0.01  # a p50 that grew less than this is noise, not a regression
+
+# what `by` may name beside the identity keys themselves
+ALIASES = {
+    "service": "service.name",
+    "version": "service.version",
+    "model": "vllm.model",
+    "tp": "vllm.tensor_parallel_size",
+    "pp": "vllm.pipeline_parallel_size",
+    "dp": "vllm.data_parallel_size",
+    "host": "host.name",
+    "node": "host.name",
+    "image": "container.image",
+}
+# identity keys read from the processes' resources (the root process first)
+RESOURCE_KEYS = ("service.name", "service.version", "host.name", "container.image.name", "container.image.tag")
+# identity keys read from span attributes (vLLM's config, probes/vllm.py)
+SPAN_KEYS = (
+    "vllm.model",
+    "vllm.tensor_parallel_size",
+    "vllm.pipeline_parallel_size",
+    "vllm.data_parallel_size",
+)
+
+
+def by_key(by: str) -> str:
+    """The identity key `by` names (`tp` -> `vllm.tensor_parallel_size`)."""
+    return ALIASES.get(by, by)
+
+
+def _identity(run: Run, model: RunModel) -> dict[str, str]:
+    out: dict[str, str] = {}
+    processes = sorted(run.processes, key=lambda p: p.resource.get("starttrace.start_method") != "root")
+    for key in RESOURCE_KEYS:
+        value = next((p.resource.get(key) for p in processes if p.resource.get(key) not in (None, "")), None)
+        if value is not None:
+            out[key] = str(value)
+    if model.service:
+        out["service.name"] = model.service
+    hosts = sorted({p.host for p in run.processes if p.host})
+    out["hosts"] = ",".join(hosts)
+    out["nodes"] = str(max(1, len(hosts)))
+    image = out.get("container.image.name")
+    if image:
+        tag = out.get("container.image.tag")
+        out["container.image"] = f"{image}:{tag}" if tag else image
+    out.update(_span_identity(run))
+    return out
+
+
+def _span_identity(run: Run) -> dict[str, str]:
+    """vLLM's config attributes, from the few spans that carry them (decoded only there)."""
+    from starttrace.run import decode_attrs
+
+    spans = run.spans
+    if spans.height == 0:
+        return {}
+    marker = SPAN_KEYS[0]
+    rows = spans.filter(
+        pl.col("attrs").str.contains(marker, literal=True).fill_null(False)
+        | pl.col("attrs_pb").bin.contains(marker.encode()).fill_null(False)
+    ).select("attrs", "attrs_pb")
+    out: dict[str, str] = {}
+    for text, raw in rows.iter_rows():
+        attrs = decode_attrs(text, raw)
+        for key in SPAN_KEYS:
+            if key not in out and attrs.get(key) not in (None, ""):
+                out[key] = str(attrs[key])
+    return out
+
+
+def run_facts(run: Run, model: RunModel) -> dict[str, Any]:
+    """The run's facts (one row of `starttrace_runs`)."""
+    phases: dict[str, float] = {}
+    role_phases: dict[str, float] = {}
+    for lane in model.lanes:
+        if lane.after_ready:
+            continue
+        for phase, ns in lane.phases.items():
+            if phase in STRUCTURAL_PHASES:
+                continue
+            secs = ns / 1e9
+            phases[phase] = max(phases.get(phase, 0.0), secs)
+            key = f"{lane.role or 'process'}/{phase}"
+            role_phases[key] = max(role_phases.get(key, 0.0), secs)
+    findings: dict[str, float] = {}
+    for f in model.findings:
+        kind = str(f.get("kind"))
+        secs = f.get("seconds")
+        findings[kind] = findings.get(kind, 0.0) + (float(secs) if isinstance(secs, (int, float)) else 0.0)
+    ttr = None if model.ready_ns is None else max(0, model.ready_ns - model.t0) / 1e9
+    return {
+        "run_id": model.run_id,
+        "trace_id": model.trace_id or run.trace_id or "",
+        "service": model.service or "",
+        "start_ns": int(model.t0),
+        "status": model.status,
+        "time_to_ready_s": None if ttr is None else round(ttr, 6),
+        "startup_s": round(model.startup_s, 6),
+        "phases": {k: round(v, 6) for k, v in phases.items()},
+        "role_phases": {k: round(v, 6) for k, v in role_phases.items()},
+        "findings": {k: round(v, 6) for k, v in findings.items()},
+        "identity": _identity(run, model),
+        "processes": len(model.lanes),
+        "spans": run.span_count(),
+        "version": run.version,
+        "facts_version": FACTS_VERSION,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# the fleet answer
+
+
+def _q(values: pl.Series) -> dict[str, float | None]:
+    values = values.drop_nulls()
+    if values.len() == 0:
+        return {"p50": None, "p95": None}
+    return {f"p{round(q * 100)}": round(float(values.quantile(q, "linear")), 6) for q in QUANTILES}  # type: ignore[arg-type]
+
+
+def fleet_answer(rows: Iterable[dict[str, Any]], by: str, slowest: int = SLOWEST) -> dict[str, Any]:
+    """The fleet answer from facts rows (as `run_facts` gives them), grouped by identity key `by`."""
+    key = by_key(by)
+    facts = list(rows)
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for f in facts:
+        grouped.setdefault(str(f["identity"].get(key, "")), []).append(f)
+    groups = []
+    for value, members in grouped.items():
+        ttr = pl.Series([m["time_to_ready_s"] for m in members], dtype=pl.Float64())
+        phase_names = sorted({p for m in members for p in m["phases"]})
+        phases = {p: _q(pl.Series([m["phases"].get(p) for m in members], dtype=pl.Float64())) for p in phase_names}
+        groups.append(
+            {
+                "value": value,
+                "runs": len(members),
+                "first_ns": min(int(m["start_ns"]) for m in members),
+                "time_to_ready_s": _q(ttr),
+                "phases": phases,
+            }
+        )
+    ranked = sorted(
+        (f for f in facts if f["time_to_ready_s"] is not None), key=lambda f: f["time_to_ready_s"], reverse=True
+    )
+    top = [
+        {
+            "run_id": f["run_id"],
+            "service": f["service"],
+            "value": str(f["identity"].get(key, "")),
+            "time_to_ready_s": f["time_to_ready_s"],
+            "start_ns": int(f["start_ns"]),
+        }
+        for f in ranked[:slowest]
+    ]
+    return answer(by, key, groups, top, len(facts))
+
+
+def regressions(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Phases whose p50 grew from one version to the next (versions in first-seen order)."""
+    ordered = sorted((g for g in groups if g["value"]), key=lambda g: (g["first_ns"], g["value"]))
+    out = []
+    for before, after in itertools.pairwise(ordered):
+        for phase, q in after["phases"].items():
+            old = before["phases"].get(phase, {}).get("p50")
+            new = q.get("p50")
+            if old is None or new is None:
+                continue
+            delta = new - old
+            if delta >= REGRESSION_MIN_S:
+                out.append(
+                    {
+                        "phase": phase,
+                        "from": before["value"],
+                        "to": after["value"],
+                        "p50_delta_s": round(delta, 6),
+                        "from_p50_s": old,
+                        "to_p50_s": new,
+                    }
+                )
+    out.sort(key=lambda r: r["p50_delta_s"], reverse=True)
+    return out
+
+
+def answer(by: str, key: str, groups: list[dict[str, Any]], slowest: list[dict[str, Any]], runs: int) -> dict[str, Any]:
+    """The answer's shape, whichever store computed the groups."""
+    if key == "service.version":
+        groups = sorted(groups, key=lambda g: (g["first_ns"], g["value"]))
+    else:
+        groups = sorted(groups, key=lambda g: (-g["runs"], g["value"]))
+    for row in slowest:
+        row["url"] = f"/startup/{row['run_id']}"
+    return {
+        "by": by,
+        "key": key,
+        "runs": runs,
+        "groups": groups,
+        "slowest": slowest,
+        "regressions": regressions(groups) if key == "service.version" else [],
+    }
+
+
+def facts_json(facts: dict[str, Any]) -> str:
+    return json.dumps(facts, separators=(",", ":"), sort_keys=True)

@@ -1,0 +1,111 @@
+"""Deriving the fleet facts of runs, once each: the runs a facts store lacks (or holds stale) are
+loaded, analysed and written (`analysis.fleet.run_facts`).
+
+Used by the service (a background thread, and before answering `GET /fleet`, for a bounded number
+of runs) and by `starttrace fleet`. The facts store is `sources.facts_store.FactsStore` (beside the
+embedded store) or `sources.clickhouse_facts.ClickHouseFacts` (beside otel_traces).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from starttrace.analysis.fleet import run_facts
+from starttrace.analysis.model import RunModel
+from starttrace.run import Run
+
+# the run and its model, or None (no such run)
+ModelLoader = Callable[[str], "tuple[Run, RunModel] | None"]
+
+
+class FactsSink(Protocol):
+    def missing(self, limit: int = ..., idle_s: float = ...) -> list[str]: ...
+
+    def write(self, facts: list[dict[str, Any]]) -> None: ...
+
+
+def derive(
+    run_ids: list[str], load: ModelLoader, sink: FactsSink, on_facts: Callable[[dict[str, Any]], None] | None = None
+) -> list[str]:
+    """Derive and write the facts of these runs; the ids of those that failed come back."""
+    failed = []
+    batch: list[dict[str, Any]] = []
+    for rid in run_ids:
+        try:
+            got = load(rid)
+            if got is None:
+                continue
+            facts = run_facts(*got)
+        except Exception:
+            failed.append(rid)
+            continue
+        if facts["status"] == "running":
+            continue  # a live run: its facts once it has ended
+        batch.append(facts)
+        if on_facts is not None:
+            on_facts(facts)
+        if len(batch) >= 200:
+            sink.write(batch)
+            batch = []
+    sink.write(batch)
+    return failed
+
+
+def derive_missing(
+    sink: FactsSink,
+    load: ModelLoader,
+    limit: int = 1000,
+    idle_s: float = 5.0,
+    on_facts: Callable[[dict[str, Any]], None] | None = None,
+) -> int:
+    """Derive the facts of up to `limit` runs that lack them; how many were looked at."""
+    ids = sink.missing(limit=limit, idle_s=idle_s)
+    derive(ids, load, sink, on_facts)
+    return len(ids)
+
+
+class FactsDeriver:
+    """A background thread deriving missing facts every `interval_s` (the service)."""
+
+    def __init__(
+        self,
+        sink: FactsSink,
+        load: ModelLoader,
+        interval_s: float = 10.0,
+        idle_s: float = 5.0,
+        on_facts: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.sink, self.load = sink, load
+        self.interval_s, self.idle_s = interval_s, idle_s
+        self.on_facts = on_facts
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # one derivation at a time (the thread, or a request)
+        self._thread: threading.Thread | None = None
+
+    def run_once(self, limit: int = 1000) -> int:
+        with self._lock:
+            try:
+                return derive_missing(self.sink, self.load, limit, self.idle_s, self.on_facts)
+            except Exception as exc:  # /healthz reports it; the next turn tries again
+                self.errors.append(f"deriving fleet facts: {type(exc).__name__}: {exc}")
+                del self.errors[:-20]
+                return 0
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="starttrace-fleet-facts", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(30)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.run_once()

@@ -1,0 +1,109 @@
+"""Per-run facts beside the embedded store (SQLite): the same facts `starttrace_runs` holds in
+ClickHouse, one row per run in the store's database file, in a table of its own (`run_facts`).
+
+It has its own connection (WAL: it reads while the store's writer writes) and touches none of the
+store's tables but reading `runs` (which runs exist, their version). Writing a run again replaces
+its row (idempotent). The fleet answer is computed from the facts rows (`analysis.fleet`): one
+small row per run, never a run's spans.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from starttrace.analysis.fleet import FACTS_VERSION, SLOWEST, facts_json, fleet_answer
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS run_facts (
+    run_id TEXT PRIMARY KEY,
+    service TEXT,
+    start_ns INTEGER,
+    version INTEGER NOT NULL,  -- runs.version the facts were derived from
+    facts_version INTEGER NOT NULL,
+    derived_at REAL NOT NULL,
+    facts TEXT NOT NULL  -- analysis.fleet.run_facts as JSON
+);
+CREATE INDEX IF NOT EXISTS run_facts_start ON run_facts(start_ns);
+"""
+
+
+class FactsStore:
+    def __init__(self, path: Path | str) -> None:
+        self.path = str(path)
+        self._local = threading.local()
+        self._write_lock = threading.Lock()
+        self._conn().executescript(SCHEMA)
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            self._local.conn = conn
+        return conn
+
+    def write(self, facts: list[dict[str, Any]]) -> None:
+        if not facts:
+            return
+        now = time.time()
+        rows = [
+            (f["run_id"], f["service"], int(f["start_ns"]), int(f["version"]), FACTS_VERSION, now, facts_json(f))
+            for f in facts
+        ]
+        with self._write_lock:
+            conn = self._conn()
+            with conn:
+                conn.executemany("INSERT OR REPLACE INTO run_facts VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+
+    def missing(self, limit: int = 1000, idle_s: float = 5.0, now: float | None = None) -> list[str]:
+        """Runs of the store whose facts are missing or stale (the run changed since, or an older
+        facts definition), newest first, with no ingest for `idle_s`."""
+        quiet = (time.time() if now is None else now) - idle_s
+        rows = self._conn().execute(
+            "SELECT r.run_id FROM runs r LEFT JOIN run_facts f ON f.run_id = r.run_id"
+            " WHERE (f.run_id IS NULL OR f.version != r.version OR f.facts_version < ?) AND r.updated_at <= ?"
+            " ORDER BY COALESCE(r.first_ns, 0) DESC LIMIT ?",
+            (FACTS_VERSION, quiet, limit),
+        )
+        return [str(r[0]) for r in rows]
+
+    def get(self, run_id: str) -> dict[str, Any] | None:
+        row = self._conn().execute("SELECT facts FROM run_facts WHERE run_id = ?", (run_id,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def rows(
+        self, since_ns: int | None = None, until_ns: int | None = None, service: str | None = None
+    ) -> list[dict[str, Any]]:
+        sql = "SELECT facts FROM run_facts WHERE 1 = 1"
+        params: list[Any] = []
+        if since_ns is not None:
+            sql += " AND start_ns >= ?"
+            params.append(since_ns)
+        if until_ns is not None:
+            sql += " AND start_ns <= ?"
+            params.append(until_ns)
+        if service is not None:
+            sql += " AND service = ?"
+            params.append(service)
+        return [json.loads(r[0]) for r in self._conn().execute(sql, params)]
+
+    def fleet(
+        self,
+        by: str,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
+        service: str | None = None,
+        slowest: int = SLOWEST,
+    ) -> dict[str, Any]:
+        return fleet_answer(self.rows(since_ns, until_ns, service), by, slowest)
+
+    def forget(self, run_ids: list[str]) -> None:
+        with self._write_lock:
+            conn = self._conn()
+            with conn:
+                conn.executemany("DELETE FROM run_facts WHERE run_id = ?", [(r,) for r in run_ids])
