@@ -1,4 +1,4 @@
-"""`starttrace`: run a traced command, list runs, report, export, compare, serve, demo.
+"""`starttrace`: run a traced command, list runs, report, export, compare, fleet, serve, demo.
 
 Exit codes: the traced command's own for `run`; 2 for a bad request (unknown run id, empty or
 corrupt journal, bad option); 1 for a failure on the way (an export the endpoint refused).
@@ -39,6 +39,15 @@ DirOption = Annotated[
     Path | None,
     typer.Option("--dir", help="journal root (default: $STARTTRACE_DIR, else ~/.local/state/starttrace/runs)"),
 ]
+ClickHouseOption = Annotated[
+    str | None,
+    typer.Option(
+        "--clickhouse",
+        envvar="STARTTRACE_CLICKHOUSE",
+        help="read runs from ClickHouse's otel_traces: http(s)://user:pass@host:8123/db[?table=otel_traces]"
+        " or chdb:PATH (docs/fleet.md)",
+    ),
+]
 RunArgument = Annotated[str | None, typer.Argument(help="run id or a unique prefix of it; default: the newest run")]
 WideOption = Annotated[
     bool, typer.Option("--wide", help="names whole, tables as wide as they need (default: fit the terminal, COLUMNS)")
@@ -66,7 +75,11 @@ def _root(directory: Path | None) -> Path:
     return directory if directory is not None else default_root()
 
 
-def _load(run: str | None, directory: Path | None) -> Run:
+def _load(run: str | None, directory: Path | None, clickhouse: str | None = None) -> Run:
+    from starttrace.analysis.clocks import correct_clocks
+
+    if clickhouse:
+        return correct_clocks(_load_clickhouse(run, clickhouse), owned=True)
     from starttrace.sources.run_groups import join_journal_runs
 
     try:
@@ -75,9 +88,22 @@ def _load(run: str | None, directory: Path | None) -> Run:
         the_run = join_journal_runs(read_run(run_dir), run_dir.parent)
     except ReaderError as exc:
         raise _fail(str(exc)) from None
-    from starttrace.analysis.clocks import correct_clocks
-
     return correct_clocks(the_run, owned=True)  # the hosts of a multi-node run on one clock (docs/multinode.md)
+
+
+def _load_clickhouse(run: str | None, url: str) -> Run:
+    from starttrace.sources.clickhouse import ClickHouseRuns
+    from starttrace.sources.clickhouse_client import ClickHouseError, connect
+
+    try:
+        runs = ClickHouseRuns(connect(url))
+        run_id = run or runs.latest_run_id()
+        the_run = runs.load_run(run_id) if run_id else None
+    except ClickHouseError as exc:
+        raise _fail(str(exc)) from None
+    if the_run is None:
+        raise _fail(f"no run {run!r} in ClickHouse" if run else "no runs in ClickHouse")
+    return the_run  # the hosts of a multi-node run on one clock (docs/multinode.md)
 
 
 def _model(run: Run) -> Any:
@@ -255,13 +281,14 @@ def _run_row(path: Path) -> dict[str, Any]:
 def report(
     run_id: RunArgument = None,
     directory: DirOption = None,
+    clickhouse: ClickHouseOption = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="the waterfall model as JSON (what GET /startup returns)")
     ] = False,
     wide: WideOption = False,
 ) -> None:
     """Per-process startup report of a run: findings, time to ready, phases, top imports."""
-    the_run = _load(run_id, directory)
+    the_run = _load(run_id, directory, clickhouse)
     model = _model(the_run)
     if as_json:
         from starttrace.views.json import to_json
@@ -278,6 +305,7 @@ def compare(
     run_a: Annotated[str, typer.Argument(help="run A (e.g. spawn)")],
     run_b: Annotated[str, typer.Argument(help="run B (e.g. forkserver)")],
     directory: DirOption = None,
+    clickhouse: ClickHouseOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="the comparison as JSON (what GET /compare returns)")] = False,
     wide: WideOption = False,
 ) -> None:
@@ -285,7 +313,9 @@ def compare(
     from starttrace.analysis.compare import compare as compare_models
     from starttrace.views.terminal import render_compare
 
-    result = compare_models(_model(_load(run_a, directory)), _model(_load(run_b, directory)))
+    result = compare_models(
+        _model(_load(run_a, directory, clickhouse)), _model(_load(run_b, directory, clickhouse))
+    )
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
         return
@@ -331,6 +361,7 @@ def advise(
 def export(
     run_id: RunArgument = None,
     directory: DirOption = None,
+    clickhouse: ClickHouseOption = None,
     format: Annotated[
         Format, typer.Option("--format", "-f", help="otlp (send), otlp-json, perfetto or jaeger (write)")
     ] = Format.perfetto,
@@ -360,7 +391,7 @@ def export(
             budget = parse_import_budget(os.environ.get(ENV_SUMMARY_IMPORTS))
     except ValueError as exc:
         raise _fail(str(exc)) from None
-    the_run = _load(run_id, directory)
+    the_run = _load(run_id, directory, clickhouse)
     if format is Format.otlp:
         from starttrace.views.otlp import ExportError, export_run, traces_endpoint
 
@@ -406,9 +437,11 @@ def serve(
         list[str] | None,
         typer.Option(help="another name clients call the service by (Host header); loopback names are always accepted"),
     ] = None,
+    clickhouse: ClickHouseOption = None,
 ) -> None:
     """The starttrace service: OTLP/HTTP receiver, /startup waterfalls, /metrics."""
     from starttrace.service.server import serve as run_server
+    from starttrace.sources.clickhouse_client import ClickHouseError
     from starttrace.sources.store import SchemaError
 
     try:
@@ -421,9 +454,47 @@ def serve(
             retention=retention,
             decode_workers=decode_workers,
             allow_hosts=allow_host or [],
+            clickhouse=clickhouse,
         )
-    except (SchemaError, ValueError) as exc:
+    except (SchemaError, ValueError, ClickHouseError) as exc:
         raise _fail(str(exc)) from None
+
+
+@app.command()
+def fleet(
+    by: Annotated[
+        str,
+        typer.Option(help="group by this identity key: service.version, vllm.model, tp, pp, dp, host.name, nodes, ..."),
+    ] = "service.version",
+    since: Annotated[str | None, typer.Option(help="runs started since: epoch seconds, ISO 8601, or 7d")] = None,
+    until: Annotated[str | None, typer.Option(help="runs started until: epoch seconds, ISO 8601, or 1h")] = None,
+    service: Annotated[str | None, typer.Option(help="only runs of this service.name")] = None,
+    clickhouse: ClickHouseOption = None,
+    db: Annotated[
+        Path | None, typer.Option(help="the embedded store (default: ~/.local/state/starttrace/starttrace.db)")
+    ] = None,
+    derive: Annotated[
+        bool, typer.Option(help="first derive the facts of runs that lack them (each run once)")
+    ] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="the answer as JSON (what GET /fleet returns)")] = False,
+) -> None:
+    """Fleet startup: p50/p95 of time to ready and each phase per value of --by, the slowest runs,
+    and (by service.version) the phases that regressed from one version to the next."""
+    from starttrace.service.app import _parse_time
+    from starttrace.service.fleet import cli_answer
+    from starttrace.sources.clickhouse_client import ClickHouseError
+
+    try:
+        since_ns, until_ns = _parse_time(since), _parse_time(until)
+        answer = cli_answer(by, since_ns, until_ns, service, clickhouse, db, derive)
+    except (ValueError, ClickHouseError) as exc:
+        raise _fail(str(exc)) from None
+    if as_json:
+        sys.stdout.write(json.dumps(answer, indent=2) + "\n")
+        return
+    from starttrace.views.terminal_fleet import render_fleet
+
+    render_fleet(answer, console)
 
 
 @app.command()

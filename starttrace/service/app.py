@@ -1,7 +1,9 @@
 """The starttrace service: FastAPI app factory `create_app(settings)`.
 
 Endpoints (docs/service.md): POST /v1/traces, GET /startup, GET /startup/{run_id}, GET /runs,
-GET /runs/{run_id}/export, GET /compare, GET /metrics, GET /healthz, /openapi.json, /static.
+GET /runs/{run_id}/export, GET /compare, GET /fleet, GET /metrics, GET /healthz, /openapi.json, /static.
+Runs come from the embedded store (default) or, with `Settings.clickhouse`, from ClickHouse's
+`otel_traces` (docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from starttrace.analysis.compare import compare
 from starttrace.analysis.detail import DEFAULT_IMPORT_BUDGET
 from starttrace.analysis.model import RunModel
 from starttrace.service.decoder import Decoder
+from starttrace.service.fleet import FactsDeriver, model_loader
 from starttrace.service.model_cache import ModelCache
 from starttrace.service.otlp_receiver import (
     DEFAULT_ACK_TIMEOUT_S,
@@ -40,6 +43,7 @@ from starttrace.service.otlp_receiver import (
     IngestBudget,
     handle_traces,
 )
+from starttrace.sources.facts_store import FactsStore
 from starttrace.sources.journal_watcher import JournalWatcher
 from starttrace.sources.store import Store
 from starttrace.views import html
@@ -89,6 +93,9 @@ class Settings:
     decode_workers: int = 1  # processes decoding OTLP bodies (service/decoder.py); 0: in the service itself
     host: str = "127.0.0.1"  # the bind address: which Host headers are accepted (HostGuard)
     allowed_hosts: tuple[str, ...] = ()  # more names a client may call the service by (--allow-host)
+    clickhouse: str | None = None  # read runs from ClickHouse (http(s)://... or chdb:PATH) instead of the store
+    fleet_interval_s: float = 10.0  # how often runs lacking fleet facts are looked for (service/fleet.py)
+    fleet_idle_s: float = 5.0  # a run's facts are derived once it has had no new span for this long
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -312,14 +319,29 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     counters = metrics.Counters()
     db = settings.db if settings.db is not None else default_db_path()
-    store = Store(db, queue_max_spans=settings.queue_max_spans, on_stored=counters.add_ingested)
+    store: Any
+    facts: Any
+    if settings.clickhouse:  # runs from otel_traces, facts in starttrace_runs beside it
+        from starttrace.service.clickhouse_store import ClickHouseStore
+        from starttrace.sources.clickhouse_facts import ClickHouseFacts
+
+        store = ClickHouseStore(settings.clickhouse)
+        facts = ClickHouseFacts(store.client)
+    else:
+        store = Store(db, queue_max_spans=settings.queue_max_spans, on_stored=counters.add_ingested)
+        facts = FactsStore(db)
     cache = ModelCache(store, settings.live_model_ttl_s, settings.prebuild_idle_s)
+    if settings.clickhouse:
+        cache.groups = store.groups  # type: ignore[assignment]
+    deriver = FactsDeriver(
+        facts, model_loader(cache), settings.fleet_interval_s, settings.fleet_idle_s, counters.observe_run
+    )
     decoder = Decoder(settings.decode_workers)
     budget = IngestBudget(settings.inflight_max_bytes)
     store.on_runs_written = cache.note_written
     watcher = (
         JournalWatcher(Path(settings.journal_dir), store, settings.poll_s, settings.retention_s)
-        if settings.journal_dir
+        if settings.journal_dir and not settings.clickhouse
         else None
     )
     templates = html.environment()
@@ -343,11 +365,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 cache.forget(store.expire(settings.retention_s))
             if watcher is not None:
                 watcher.start()
+            deriver.start()
             threading.Thread(target=maintenance, name="starttrace-maintenance", daemon=True).start()
         try:
             yield
         finally:
             stop_maintenance.set()
+            deriver.stop()
             if watcher is not None:
                 watcher.stop()
             store.stop()
@@ -366,6 +390,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.watcher = watcher
     app.state.decoder = decoder
     app.state.settings = settings
+    app.state.facts = facts
+    app.state.deriver = deriver
     app.mount("/static", StaticFiles(directory=str(html.STATIC)), name="static")
 
     def render(name: str, **ctx: Any) -> HTMLResponse:
@@ -385,6 +411,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "journal_errors": watcher.errors[-5:] if watcher else [],
             "decoder": decoder.state,
             "decoder_errors": decoder.errors[-5:],
+            "fleet_errors": deriver.errors[-5:],
+            "source": "clickhouse" if settings.clickhouse else "store",
         }
 
     @app.post(
@@ -400,6 +428,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     async def traces(request: Request) -> Response:
         """OTLP/HTTP trace export (application/x-protobuf or application/json, optionally gzip)."""
+        if settings.clickhouse:
+            return JSONResponse(
+                {"error": "this service reads runs from ClickHouse: send OTLP to the Collector, which writes there"},
+                status_code=404,
+            )
         return await handle_traces(
             request,
             store,
@@ -528,6 +561,27 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if wants_html(request):
             return render("compare.html", cmp=cmp)
         return JSONResponse(cmp)
+
+    @app.get("/fleet")
+    def fleet(
+        request: Request,
+        by: str = Query("service.version", max_length=200, description="identity key: service.version, vllm.model,"
+                        " tp, pp, dp, host.name, nodes, container.image, ..."),
+        since: str | None = Query(None, description="epoch seconds, ISO 8601, or relative (7d)"),
+        until: str | None = Query(None, description="epoch seconds, ISO 8601, or relative (1h)"),
+        service: str | None = Query(None, description="only runs of this service.name"),
+    ) -> Response:
+        """Fleet startup per value of `by`: p50/p95 of time to ready and of each phase, the slowest
+        runs, and (by service.version) the phases that regressed from one version to the next."""
+        try:
+            since_ns, until_ns = _parse_time(since), _parse_time(until)
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        answer = facts.fleet(by, since_ns=since_ns, until_ns=until_ns, service=service)
+        if wants_html(request):
+            source = "ClickHouse " + store.client.url.redacted() if settings.clickhouse else "embedded store"
+            return render("fleet.html", fleet=answer, since=since, until=until, service=service, source=source)
+        return JSONResponse(answer)
 
     @app.get("/metrics")
     def metrics_endpoint() -> Response:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from starttrace.analysis.fleet import run_facts
@@ -109,3 +110,81 @@ class FactsDeriver:
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.run_once()
+
+
+def model_loader(cache: Any) -> ModelLoader:
+    """Runs and models through the service's model cache (`service.model_cache.ModelCache`): a run
+    the cache has prebuilt is not built again."""
+
+    def load(run_id: str) -> tuple[Run, RunModel] | None:
+        model = cache.model(run_id)
+        run = cache.run(run_id) if model is not None else None
+        return None if model is None or run is None else (run, model)
+
+    return load
+
+
+def direct_loader(load_run: Callable[[str], Run | None]) -> ModelLoader:
+    """Runs loaded by `load_run`, their hosts on one clock, and analysed (no cache: the CLI)."""
+    from starttrace.analysis.clocks import correct_clocks
+    from starttrace.analysis.lanes import build_model
+
+    def load(run_id: str) -> tuple[Run, RunModel] | None:
+        run = load_run(run_id)
+        if run is None:
+            return None
+        run = correct_clocks(run, owned=True)
+        return run, build_model(run)
+
+    return load
+
+
+def cli_answer(
+    by: str,
+    since_ns: int | None,
+    until_ns: int | None,
+    service: str | None,
+    clickhouse: str | None,
+    db: Path | None,
+    derive_first: bool = True,
+) -> dict[str, Any]:
+    """`starttrace fleet`: the answer from ClickHouse (`clickhouse`) or the embedded store (`db`),
+    the facts of runs that lack them derived first (`derive_first`)."""
+    if clickhouse:
+        from starttrace.sources.clickhouse import ClickHouseRuns
+        from starttrace.sources.clickhouse_client import connect
+        from starttrace.sources.clickhouse_facts import ClickHouseFacts
+
+        client = connect(clickhouse)
+        facts: Any = ClickHouseFacts(client)
+        if derive_first:
+            derive_all(facts, direct_loader(ClickHouseRuns(client).load_run))
+        return dict(facts.fleet(by, since_ns, until_ns, service), source=client.url.redacted())
+    from starttrace.service.app import default_db_path
+    from starttrace.sources.facts_store import FactsStore
+    from starttrace.sources.store import Store
+
+    path = db if db is not None else default_db_path()
+    if not Path(path).exists():
+        raise ValueError(f"no store at {path}: pass --db or --clickhouse")
+    store = Store(path)
+    try:
+        facts = FactsStore(path)
+        if derive_first:
+            derive_all(facts, direct_loader(store.load_run))
+        return dict(facts.fleet(by, since_ns, until_ns, service), source=str(path))
+    finally:
+        store.close()
+
+
+def derive_all(sink: FactsSink, load: ModelLoader, idle_s: float = 0.0, batch: int = 1000) -> int:
+    """Derive every missing run's facts (batches of `batch`), until none is left that can be."""
+    done = 0
+    seen: set[str] = set()
+    while True:
+        ids = [r for r in sink.missing(limit=batch, idle_s=idle_s) if r not in seen]
+        if not ids:
+            return done
+        seen.update(ids)
+        derive(ids, load, sink)
+        done += len(ids)

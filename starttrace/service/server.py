@@ -69,6 +69,7 @@ def serve(
     decode_workers: int = 1,
     allow_hosts: list[str] | tuple[str, ...] = (),
     request_timeout_s: float = REQUEST_TIMEOUT_S,
+    clickhouse: str | None = None,
 ) -> None:
     """Serve the OTLP receiver, the API and the web page until interrupted.
 
@@ -77,7 +78,8 @@ def serve(
     /healthz (default: `$STARTTRACE_TOKEN`); `retention`: drop runs older than this ('7d', '12h');
     `decode_workers`: processes decoding OTLP bodies (`service/decoder.py`; 0: in the service);
     `allow_hosts`: more names clients may call the service by (besides loopback names and `host`;
-    also `$STARTTRACE_ALLOWED_HOSTS`, comma-separated): other Host headers are refused (421).
+    also `$STARTTRACE_ALLOWED_HOSTS`, comma-separated): other Host headers are refused (421);
+    `clickhouse`: read runs from ClickHouse's otel_traces (http(s)://... or chdb:PATH, docs/fleet.md).
     """
     import uvicorn
 
@@ -98,6 +100,7 @@ def serve(
         host=host,
         allowed_hosts=(*allow_hosts, *extra),
         body_timeout_s=request_timeout_s,
+        clickhouse=clickhouse,
     )
     app = create_app(settings)
     # idle and half-sent connections are closed (a client that sends half a request holds nothing)

@@ -1,0 +1,82 @@
+"""The service's store when it reads runs from ClickHouse (`starttrace serve --clickhouse URL`).
+
+It stands where the embedded store (`sources.store.Store`) stands for the app and the model cache,
+with what a read-only source can do: runs are listed and loaded from `otel_traces`
+(`sources.clickhouse.ClickHouseRuns`); nothing is ingested (the Collector writes ClickHouse),
+nothing is queued, rendered first answers are kept in memory only. Each run stands alone: the
+per-node join of the embedded store (`sources.run_groups`) is not done here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from starttrace.run import Run
+from starttrace.sources.clickhouse import ClickHouseRuns
+from starttrace.sources.clickhouse_client import Client, connect
+
+
+class SingleRuns:
+    """What the model cache asks of `sources.run_groups.RunGroups`, for runs that stand alone."""
+
+    def __init__(self, runs: ClickHouseRuns) -> None:
+        self.runs = runs
+
+    def version(self, run_id: str) -> int | None:
+        return self.runs.run_version(run_id)
+
+    def load(self, run_id: str) -> Run | None:
+        return self.runs.load_run(run_id)
+
+
+class ClickHouseStore:
+    queued_spans = 0
+    peak_queued_spans = 0
+
+    def __init__(self, url: str) -> None:
+        self.client: Client = connect(url)
+        self.runs = ClickHouseRuns(self.client)
+        self.groups = SingleRuns(self.runs)
+        self.errors: list[str] = []
+        self.on_runs_written: Callable[[list[str]], None] | None = None
+        self._views: dict[tuple[str, str], tuple[int, bytes]] = {}
+
+    # what the app and the model cache call
+    def start(self) -> None:
+        pass
+
+    def stop(self, timeout: float = 30.0) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def deferring_checkpoints(self) -> Iterator[None]:
+        yield
+
+    def latest_run_id(self) -> str | None:
+        return self.runs.latest_run_id()
+
+    def newest_run_ids(self, n: int) -> list[str]:
+        return self.runs.newest_run_ids(n)
+
+    def list_runs(self, **kw: Any) -> list[dict[str, Any]]:
+        return self.runs.list_runs(**kw)
+
+    def run_version(self, run_id: str) -> int | None:
+        return self.runs.run_version(run_id)
+
+    def load_run(self, run_id: str) -> Run | None:
+        return self.runs.load_run(run_id)
+
+    def load_view(self, run_id: str, kind: str) -> tuple[int, bytes] | None:
+        return self._views.get((run_id, kind))
+
+    def save_view(self, run_id: str, kind: str, version: int, body: bytes) -> bool:
+        if len(self._views) > 256:
+            self._views.clear()
+        self._views[(run_id, kind)] = (version, body)
+        return True
+
+    def expire(self, max_age_s: float, now: float | None = None) -> list[str]:
+        return []  # ClickHouse's TTL (the exporter's `ttl`) expires runs there

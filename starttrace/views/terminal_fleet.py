@@ -1,0 +1,49 @@
+"""The fleet answer in the terminal (`starttrace fleet`): groups with p50/p95 of time to ready and
+of each phase, regressions between versions, the slowest runs. Names from span data are printed as
+text (no rich markup is read from them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+
+def _s(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def render_fleet(answer: dict[str, Any], console: Console) -> None:
+    key = answer["key"]
+    console.print(Text(f"fleet startup by {key}: {answer['runs']} run(s) with facts ({answer.get('source', '')})"))
+    phases = sorted({p for g in answer["groups"] for p in g["phases"]})
+    table = Table(title="p50 / p95 seconds", title_justify="left")
+    table.add_column(Text(key))
+    table.add_column("runs", justify="right")
+    table.add_column("ready", justify="right")
+    for ph in phases:
+        table.add_column(Text(ph), justify="right")
+    for g in answer["groups"]:
+        ttr = g["time_to_ready_s"]
+        cells = [Text(g["value"] or "(none)"), str(g["runs"]), f"{_s(ttr['p50'])} / {_s(ttr['p95'])}"]
+        for ph in phases:
+            q = g["phases"].get(ph)
+            cells.append(f"{_s(q['p50'])} / {_s(q['p95'])}" if q else "")
+        table.add_row(*cells)
+    console.print(table)
+    if answer["regressions"]:
+        reg = Table(title="regressions (p50 grew from one version to the next)", title_justify="left")
+        for col in ("phase", "from", "to", "p50 change"):
+            reg.add_column(col, justify="right" if col == "p50 change" else "left")
+        for r in answer["regressions"]:
+            reg.add_row(Text(r["phase"]), Text(r["from"]), Text(r["to"]), f"+{r['p50_delta_s']:.2f} s")
+        console.print(reg)
+    if answer["slowest"]:
+        slow = Table(title="slowest runs", title_justify="left")
+        for col in ("run", key, "time to ready"):
+            slow.add_column(Text(col), justify="right" if col == "time to ready" else "left")
+        for r in answer["slowest"]:
+            slow.add_row(Text(r["run_id"]), Text(r["value"]), f"{r['time_to_ready_s']:.2f} s")
+        console.print(slow)
