@@ -19,6 +19,7 @@ from starttrace.run import Run
 
 # the run and its model, or None (no such run)
 ModelLoader = Callable[[str], "tuple[Run, RunModel] | None"]
+PREFETCH = 100  # runs loaded at once by a prefetching loader
 
 
 class FactsSink(Protocol):
@@ -30,10 +31,14 @@ class FactsSink(Protocol):
 def derive(
     run_ids: list[str], load: ModelLoader, sink: FactsSink, on_facts: Callable[[dict[str, Any]], None] | None = None
 ) -> list[str]:
-    """Derive and write the facts of these runs; the ids of those that failed come back."""
+    """Derive and write the facts of these runs; the ids of those that failed come back. A loader
+    with a `prefetch(ids)` (`Prefetching`) is handed each chunk of ids first."""
     failed = []
     batch: list[dict[str, Any]] = []
-    for rid in run_ids:
+    prefetch = getattr(load, "prefetch", None)
+    for i, rid in enumerate(run_ids):
+        if prefetch is not None and i % PREFETCH == 0:
+            prefetch(run_ids[i : i + PREFETCH])
         try:
             got = load(rid)
             if got is None:
@@ -124,7 +129,21 @@ def model_loader(cache: Any) -> ModelLoader:
     return load
 
 
-def direct_loader(load_run: Callable[[str], Run | None]) -> ModelLoader:
+class Prefetching:
+    """Runs loaded a chunk at a time (`ClickHouseRuns.load_runs`), handed out one by one."""
+
+    def __init__(self, load_runs: Callable[[list[str]], dict[str, Run]]) -> None:
+        self.load_runs = load_runs
+        self._runs: dict[str, Run] = {}
+
+    def prefetch(self, run_ids: list[str]) -> None:
+        self._runs = self.load_runs(run_ids)
+
+    def load_run(self, run_id: str) -> Run | None:
+        return self._runs.pop(run_id, None)
+
+
+def direct_loader(load_run: Callable[[str], Run | None], prefetching: Prefetching | None = None) -> ModelLoader:
     """Runs loaded by `load_run`, their hosts on one clock, and analysed (no cache: the CLI)."""
     from starttrace.analysis.clocks import correct_clocks
     from starttrace.analysis.lanes import build_model
@@ -136,6 +155,8 @@ def direct_loader(load_run: Callable[[str], Run | None]) -> ModelLoader:
         run = correct_clocks(run, owned=True)
         return run, build_model(run)
 
+    if prefetching is not None:
+        load.prefetch = prefetching.prefetch  # type: ignore[attr-defined]
     return load
 
 
@@ -158,7 +179,8 @@ def cli_answer(
         client = connect(clickhouse)
         facts: Any = ClickHouseFacts(client)
         if derive_first:
-            derive_all(facts, direct_loader(ClickHouseRuns(client).load_run))
+            pre = Prefetching(ClickHouseRuns(client).load_runs)
+            derive_all(facts, direct_loader(pre.load_run, pre))
         return dict(facts.fleet(by, since_ns, until_ns, service), source=client.url.redacted())
     from starttrace.service.app import default_db_path
     from starttrace.sources.facts_store import FactsStore

@@ -65,10 +65,11 @@ _LAUNCHED_BY = (
 )
 
 SPANS_SQL = f"""
-SELECT lane, span_id, parent_id, name, start, end, in_progress, instant, error, thread, phase, module,
+SELECT run_id, lane, span_id, parent_id, name, start, end, in_progress, instant, error, thread, phase, module,
        self_us, launched_by, attrs
 FROM (
     SELECT
+        {RUN_SQL} AS run_id,
         {LANE_SQL} AS lane,
         SpanId AS span_id,
         nullIf(ParentSpanId, '') AS parent_id,
@@ -86,18 +87,19 @@ FROM (
         {_LAUNCHED_BY} AS launched_by,
         {_ATTRS_SQL} AS attrs
     FROM $traces
-    WHERE {RUN_SQL} = {{run:String}} $trace_filter
-    ORDER BY lane, span_id, in_progress, end DESC
-    LIMIT 1 BY lane, span_id
+    WHERE $run_filter
+    ORDER BY run_id, lane, span_id, in_progress, end DESC
+    LIMIT 1 BY run_id, lane, span_id
 )
-ORDER BY start, lane
+ORDER BY run_id, start, lane
 """
 
 PROCESSES_SQL = f"""
-SELECT {LANE_SQL} AS lane, any(ResourceAttributes) AS resource, anyIf(ServiceName, ServiceName != '') AS service
+SELECT {RUN_SQL} AS run_id, {LANE_SQL} AS lane, any(ResourceAttributes) AS resource,
+       anyIf(ServiceName, ServiceName != '') AS service, any(TraceId) AS trace_id
 FROM $traces
-WHERE {RUN_SQL} = {{run:String}} $trace_filter
-GROUP BY lane
+WHERE $run_filter
+GROUP BY run_id, lane
 """
 
 TRACES_SQL = f"SELECT DISTINCT TraceId FROM $traces WHERE {RUN_SQL} = {{run:String}} LIMIT 16"
@@ -119,7 +121,9 @@ ORDER BY start_ns DESC, run_id
 LIMIT {{limit:UInt32}}
 """
 
-_TRACE_FILTER = "AND TraceId IN {traces:Array(String)}"
+# one run: the bloom filter on TraceId finds its granules, the run id keeps other runs out
+_ONE_RUN = f"{RUN_SQL} = {{run:String}} AND TraceId IN {{traces:Array(String)}}"
+_RUNS = f"{RUN_SQL} IN {{runs:Array(String)}}"
 VERSION_SQL = f"SELECT count() FROM $traces WHERE {RUN_SQL} = {{run:String}}"
 
 # resource values kept as strings even when they look like numbers
@@ -220,20 +224,37 @@ class ClickHouseRuns:
         traces = [r["TraceId"] for r in found.to_pylist()]
         if not traces:
             return None
-        # the bloom filter on TraceId finds the run's granules; the run id keeps other runs out
         params["traces"] = traces
-        procs = self.client.arrow(self._sql(PROCESSES_SQL, trace_filter=_TRACE_FILTER), params)
-        spans = _span_table(self.client.arrow(self._sql(SPANS_SQL, trace_filter=_TRACE_FILTER), params))
+        procs = self.client.arrow(self._sql(PROCESSES_SQL, run_filter=_ONE_RUN), params)
+        spans = _span_table(self.client.arrow(self._sql(SPANS_SQL, run_filter=_ONE_RUN), params))
         return _assemble(run_id, traces[0], procs.to_pylist(), spans)
 
+    def load_runs(self, run_ids: list[str]) -> dict[str, Run]:
+        """Several runs at once (deriving fleet facts: two queries for a batch, not three per run)."""
+        if not run_ids:
+            return {}
+        params: dict[str, Any] = {"runs": list(run_ids)}
+        procs: dict[str, list[dict[str, Any]]] = {}
+        for row in self.client.arrow(self._sql(PROCESSES_SQL, run_filter=_RUNS), params).to_pylist():
+            procs.setdefault(row["run_id"], []).append(row)
+        spans = _span_table(self.client.arrow(self._sql(SPANS_SQL, run_filter=_RUNS), params), keep_run=True)
+        parts = spans.partition_by("run_id", as_dict=True) if spans.height else {}
+        out = {}
+        for rid, rows in procs.items():
+            table = parts.get((rid,))
+            table = table.drop("run_id") if table is not None else empty_spans()
+            out[rid] = _assemble(rid, rows[0]["trace_id"], rows, table)
+        return out
 
-def _span_table(table: Any) -> pl.DataFrame:
+
+def _span_table(table: Any, keep_run: bool = False) -> pl.DataFrame:
     if table.num_rows == 0:
         return empty_spans()
     frame = pl.from_arrow(table)
     assert isinstance(frame, pl.DataFrame)
+    cols = [pl.col(name).cast(dtype) for name, dtype in SPAN_SCHEMA.items()]
     return frame.with_columns(pl.lit(None, dtype=pl.Binary()).alias("attrs_pb")).select(
-        pl.col(name).cast(dtype) for name, dtype in SPAN_SCHEMA.items()
+        [pl.col("run_id"), *cols] if keep_run else cols
     )
 
 

@@ -210,3 +210,16 @@ def test_missing_facts_follow_the_spans(ch: Client) -> None:
     assert "ch-run-1" not in facts.missing(idle_s=0) and "ch-run-1b" in facts.missing(idle_s=0)
     facts.write([dict(row, version=row["version"] - 1)])  # derived from fewer spans than there are now
     assert "ch-run-1" in facts.missing(idle_s=0)
+
+
+def test_load_runs_in_one_batch_as_one_by_one(ch: Client) -> None:
+    runs = ClickHouseRuns(ch)
+    batch = runs.load_runs(["ch-run-1", "ch-run-2", "no-such-run"])
+    assert set(batch) == {"ch-run-1", "ch-run-2"}
+    for rid, run in batch.items():
+        one = runs.load_run(rid)
+        assert one is not None
+        assert run.spans.sort("lane", "span_id").equals(one.spans.sort("lane", "span_id"))
+        assert [p.instance_id for p in run.processes] == [p.instance_id for p in one.processes]
+        assert [p.resource for p in run.processes] == [p.resource for p in one.processes]
+        assert [s.span_id for s in run.root_spans] == [s.span_id for s in one.root_spans]
