@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decode-workers", type=int, default=1)
     parser.add_argument("--allow-host", action="append", default=[])
     parser.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S)
+    parser.add_argument("--clickhouse")
     args = parser.parse_args(argv)
     serve(
         args.host,
@@ -142,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         args.decode_workers,
         args.allow_host,
         args.request_timeout,
+        args.clickhouse,
     )
 
 
