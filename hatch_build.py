@@ -1,8 +1,8 @@
-"""Builds starttrace's optional C cores when the package is built or installed: the hot path's
-(starttrace/_hotpath.c) and the service's model build's (starttrace/_modelcore.c).
+"""Builds starttrace's optional C core when the package is built or installed: the hot path's
+(starttrace/_hotpath.c: C only where the traced program pays).
 
-Without a C compiler, or when STARTTRACE_BUILD_PURE=1, the wheel is pure Python and both run their
-Python code: the same records and models, at a higher cost (docs/benchmarks.md). An
+Without a C compiler, or when STARTTRACE_BUILD_PURE=1, the wheel is pure Python and the hot path
+runs its Python code: the same records, at a higher cost (docs/benchmarks.md). An
 editable install (`pip install -e`) compiles into the source tree, where that install imports
 from; a wheel's copy is compiled in a temporary folder, so building one leaves the tree as it was.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SOURCES = (Path("starttrace") / "_hotpath.c", Path("starttrace") / "_modelcore.c")
+SOURCES = (Path("starttrace") / "_hotpath.c",)
 
 
 def compile_extensions(root: Path, into: Path) -> list[Path]:

@@ -106,7 +106,7 @@ def untraced_waits(model: RunModel, work: pl.DataFrame) -> list[int]:
     (a compiler), or one that ran untraced. Their time is the waiting span's own work."""
     traced = {lane.pid for lane in model.lanes if lane.pid is not None}
     waits = work.filter(pl.col("name") == "process.wait")["idx"].to_list()
-    return [i for i in waits if model.spans[i].attrs.get("starttrace.child_pid") not in traced]
+    return [i for i in waits if model.attrs_of(i).get("starttrace.child_pid") not in traced]
 
 
 def sweep(spans: list[tuple[int, int, int, str]], low: int, high: int) -> list[tuple[int, int, str]]:

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import bisect
-import operator
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
 
 from starttrace.analysis.breakdown import RENAMED, labels_between
-from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, PathStep, RunModel, SpanNode, select
-
-try:  # starttrace/_modelcore.c, built at install where a C compiler is there
-    from starttrace._modelcore import step_candidates as c_step_candidates  # type: ignore[import-not-found]
-except ImportError:
-    c_step_candidates = None
+from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, PathStep, RunModel, SpanNode
 
 
 def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
@@ -32,24 +29,24 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
     counts as ending at its exit (the parent waited for it: `subprocess.run`, a join). Time between
     chosen spans is a `gap` step (phase `unexplained`), so the steps add up to time to ready.
     """
-    if not model.spans:
+    if not model.spans.height:
         return []
     lanes = model.lanes
-    per_lane, ends = _candidates(lanes)
-    starter = _starters(lanes)
+    per_lane, ends = _candidates(model)
+    starter = _starters(model)
     children_of: dict[int, list[tuple[Lane, SpanNode]]] = {}
     for child_index, span in starter.items():
         children_of.setdefault(span.lane, []).append((lanes[child_index], span))
     lane_i, t = _target(model)
     steps: list[PathStep] = []
-    gaps = _Gaps(lanes)
+    gaps = _Gaps(model)
     entered: dict[int, int] = {}  # child lane -> the time the path last entered it from a wait
     waited_by: dict[int, int] = {}  # lane -> the lane whose span waited for it
     for _ in range(max_steps):
-        chosen = _last_ended(per_lane[lane_i], ends[lane_i], t)
+        chosen = _last_ended(per_lane[lane_i], model, t)
         back = waited_by.get(lane_i)
         if chosen is not None and back is not None:
-            other = _last_ended(per_lane[back], ends[back], t)
+            other = _last_ended(per_lane[back], model, t)
             if other is not None and other.eff_end > chosen.eff_end + IDLE_MIN_NS:
                 lane_i = back  # idle here while the lane that waited for this one worked on
                 continue
@@ -77,7 +74,7 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
                     steps.append(PathStep(lane_i, chosen.name, chosen.phase, c_end, chosen.eff_end, "wait"))
             lane_i, t = child.index, c_end
             continue
-        inner = _last_inner(chosen, t)
+        inner = _last_inner(model, chosen, t)
         if inner is not None:
             tail_end = min(chosen.eff_end, t)
             if tail_end > inner.eff_end:  # however short: the steps tile the time to ready
@@ -97,9 +94,9 @@ class _Gaps:
     of that lane open over it (`self`: e.g. a compile's time between its imports; a busy loop's is
     `wait`), else `gap` (phase `unexplained`). So the steps add up to the time to ready."""
 
-    def __init__(self, lanes: list[Lane]) -> None:
-        self.lanes = lanes
-        self.starts: dict[int, list[int]] = {}
+    def __init__(self, model: RunModel) -> None:
+        self.model = model
+        self.starts: dict[int, np.ndarray] = {}
 
     def add(self, steps: list[PathStep], lane_i: int, a: int, b: int) -> None:
         if b <= a:
@@ -111,13 +108,13 @@ class _Gaps:
             steps.append(PathStep(lane_i, cover.name, RENAMED.get(cover.phase, cover.phase), a, b, "self"))
 
     def _innermost(self, lane_i: int, a: int, b: int) -> SpanNode | None:
-        spans = self.lanes[lane_i].spans
+        lane = self.model.lanes[lane_i]
         starts = self.starts.get(lane_i)
         if starts is None:
-            starts = self.starts[lane_i] = [n.start for n in spans]
-        k = bisect.bisect_right(starts, a) - 1
+            starts = self.starts[lane_i] = self.model.lane_rows(lane)["start"].to_numpy()
+        k = int(np.searchsorted(starts, a, side="right")) - 1
         # the span that started last before `a`, then its ancestors: the first that covers [a, b]
-        node = spans[k] if k >= 0 else None
+        node = self.model.node(lane.offset + k) if k >= 0 else None
         while node is not None:
             if node.eff_end >= b and node.phase not in STRUCTURAL_PHASES and not node.instant:
                 return node
@@ -171,104 +168,106 @@ def path_phases(model: RunModel) -> dict[str, int]:
     return dict(sorted(total.items(), key=lambda item: (-item[1], item[0])))
 
 
-_DURATION = operator.attrgetter("duration")
-_EFF_END = operator.attrgetter("eff_end")
+@dataclass
+class _Candidates:
+    """A lane's spans that can be on the path, sorted by end (then the longest first): their rows,
+    starts and ends."""
+
+    rows: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
 
 
-def _candidates(lanes: list[Lane]) -> tuple[list[list[SpanNode]], list[list[int]]]:
+def _candidates(model: RunModel) -> tuple[list[_Candidates], list[np.ndarray]]:
     """Per lane, the spans that can be on the path (sorted by end), and their ends."""
-    per_lane: list[list[SpanNode]] = []
-    ends: list[list[int]] = []
-    for lane in lanes:
-        proc = lane.process_span
-        done = None if c_step_candidates is None else c_step_candidates(lane.spans, proc, SpanNode, STRUCTURAL_PHASES)
-        if done is not None:  # in C: None when a time is beyond 64 bits
-            per_lane.append(done[0])
-            ends.append(done[1])
-            continue
-        # _can_be_a_step, inline: it runs for every span
-        work = select(lane.spans, STRUCTURAL_PHASES, keep=False)
-        cand = [n for n in work if n is not proc and not n.instant and n.duration > 0]
-        cand.sort(key=_DURATION, reverse=True)  # two stable sorts: by end, then the longest first
-        cand.sort(key=_EFF_END)
-        per_lane.append(cand)
-        ends.append([n.eff_end for n in cand])
-    return per_lane, ends
+    proc = [ln.process_span.idx for ln in model.lanes if ln.process_span is not None]
+    cand = (
+        model.spans.filter(
+            ~pl.col("phase").is_in(list(STRUCTURAL_PHASES))
+            & ~pl.col("idx").is_in(proc)
+            & ~pl.col("instant")
+            & (pl.col("duration") > 0)
+        )
+        .select("lane", "idx", "start", "eff_end", "duration")
+        .sort(["lane", "eff_end", "duration", "idx"], descending=[False, False, True, False])
+    )
+    parts = {key[0]: part for key, part in cand.partition_by("lane", as_dict=True).items()} if cand.height else {}
+    empty = np.zeros(0, dtype=np.int64)
+    per_lane = []
+    for lane in model.lanes:
+        part = parts.get(lane.index)
+        if part is None:
+            per_lane.append(_Candidates(empty, empty, empty))
+        else:
+            per_lane.append(_Candidates(part["idx"].to_numpy(), part["start"].to_numpy(), part["eff_end"].to_numpy()))
+    return per_lane, [c.ends for c in per_lane]
 
 
-def _starters(lanes: list[Lane]) -> dict[int, SpanNode]:
+def _starters(model: RunModel) -> dict[int, SpanNode]:
     """Who started whom: lane index -> the launch/fork span that made it, preferring the launch
     *request* (a `process.launch` with the child's pid, e.g. in the requester of a forkserver child)."""
+    lanes = model.lanes
     by_pid: dict[int, Lane] = {ln.pid: ln for ln in lanes if ln.pid is not None}
     starter: dict[int, SpanNode] = {}
-    for lane in lanes:
-        for n in select(lane.spans, ("launch", "fork", "forkserver")):
-            child_pid = n.attrs.get("starttrace.child_pid")
-            if isinstance(child_pid, int):
-                child = by_pid.get(child_pid)
-                if child is None or child.index == lane.index:
-                    continue
-                prev = starter.get(child.index)
-                if prev is None or (prev.phase == "fork" and n.phase == "launch"):
-                    starter[child.index] = n
+    for n in model.select(("launch", "fork", "forkserver")):  # by lane, then start
+        child_pid = n.attrs.get("starttrace.child_pid")
+        if isinstance(child_pid, int):
+            child = by_pid.get(child_pid)
+            if child is None or child.index == n.lane:
+                continue
+            prev = starter.get(child.index)
+            if prev is None or (prev.phase == "fork" and n.phase == "launch"):
+                starter[child.index] = n
     for lane in lanes:
         if lane.index not in starter and lane.launched_by is not None:
             starter[lane.index] = lane.launched_by
     return starter
 
 
-_EFF_END = operator.attrgetter("eff_end")
-
-
 def _target(model: RunModel) -> tuple[int, int]:
     """Where the path ends: the run's `ready`, else the span that ended last."""
     if model.ready_ns is not None:
-        ready = min(
-            (n for n in select(model.spans, (), ("ready",)) if n.start == model.ready_ns),
-            key=lambda n: n.idx,
-            default=None,
-        )
-        return (ready.lane if ready is not None else 0), model.ready_ns
-    last = max(model.spans, key=_EFF_END)
-    return last.lane, last.eff_end
+        ready = model.spans.filter((pl.col("name") == "ready") & (pl.col("start") == model.ready_ns))
+        return (int(ready["lane"][0]) if ready.height else 0), model.ready_ns
+    last = model.spans.row(int(model.spans["eff_end"].arg_max() or 0), named=True)
+    return last["lane"], last["eff_end"]
 
 
-def _last_inner(span: SpanNode, t: int) -> SpanNode | None:
-    """The child span of `span` (not an import, not instant) that ended last at or before t and
-    started before it; None for an import (its nested imports stay inside its step)."""
+def _last_inner(model: RunModel, span: SpanNode, t: int) -> SpanNode | None:
+    """The child span of `span` (not an import, not instant, not a process or startup span) that
+    ended last at or before t and started before it; None for an import (its nested imports stay
+    inside its step)."""
     if span.phase == "import":
         return None
-    best: SpanNode | None = None
-    for child in span.children:
-        if (
-            child.phase != "import"
-            and _can_be_a_step(child)
-            and child.eff_end <= t
-            and child.start < t
-            and (best is None or child.eff_end > best.eff_end)
-        ):
-            best = child
-    return best
+    rows = model.child_rows(span.idx)
+    if not len(rows):
+        return None
+    kids = model.spans.select(pl.all().gather(rows)).filter(
+        (pl.col("phase") != "import")
+        & ~pl.col("phase").is_in(list(STRUCTURAL_PHASES))
+        & ~pl.col("instant")
+        & (pl.col("duration") > 0)
+        & (pl.col("eff_end") <= t)
+        & (pl.col("start") < t)
+    )
+    if not kids.height:
+        return None
+    return model.node(int(kids["idx"][int(kids["eff_end"].arg_max() or 0)]))
 
 
-def _can_be_a_step(n: SpanNode) -> bool:
-    """A span with time of its own on the path: not a process or startup span, not an instant."""
-    return n.phase not in STRUCTURAL_PHASES and not n.instant and n.duration > 0
-
-
-def _last_ended(cand: list[SpanNode], cend: list[int], t: int) -> SpanNode | None:
+def _last_ended(cand: _Candidates, model: RunModel, t: int) -> SpanNode | None:
     """The span that ended last at or before t and started before it; the widest of equals."""
-    k = bisect.bisect_right(cend, t) - 1
+    ends, starts = cand.ends, cand.starts
+    k = int(np.searchsorted(ends, t, side="right")) - 1
     while k >= 0:
-        n = cand[k]
-        if n.start < t:
-            chosen = n
+        if starts[k] < t:
+            chosen = k
             j = k - 1
-            while j >= 0 and cend[j] == n.eff_end:
-                if cand[j].start < chosen.start:
-                    chosen = cand[j]
+            while j >= 0 and ends[j] == ends[k]:
+                if starts[j] < starts[chosen]:
+                    chosen = j
                 j -= 1
-            return chosen
+            return model.node(int(cand.rows[chosen]))
         k -= 1
     return None
 
@@ -286,8 +285,8 @@ def _exited_by(child: Lane, t: int) -> bool:
 def _waited_child(
     span: SpanNode,
     children: list[tuple[Lane, SpanNode]],
-    per_lane: list[list[SpanNode]],
-    ends: list[list[int]],
+    per_lane: list[_Candidates],
+    ends: list[np.ndarray],
     entered: dict[int, int],
 ) -> tuple[Lane, int] | None:
     """The child process `span` was waiting for: launched before `span` ended, and its own work
@@ -305,8 +304,8 @@ def _waited_child(
         if isinstance(own_child, int) and child.pid != own_child:
             continue  # a launch span waits for its own child only
         cend = ends[child.index]
-        k = bisect.bisect_right(cend, span.eff_end) - 1
-        c_end = cend[k] if k >= 0 else None
+        k = int(np.searchsorted(cend, span.eff_end, side="right")) - 1
+        c_end = int(cend[k]) if k >= 0 else None
         proc = child.process_span
         if proc is not None and not proc.in_progress and proc.eff_end <= span.eff_end:
             # a child that exited: the parent waited for its exit (subprocess.run, a join), which

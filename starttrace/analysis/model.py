@@ -2,8 +2,17 @@
 compare) renders.
 
 Input is the run type (`starttrace.run.Run`), from any source; `analysis.lanes.build_model` builds
-the model, `analysis.critical_path` and `analysis.advice` derive from it. Times are absolute epoch
-nanoseconds inside the model; the JSON view uses microseconds relative to the run start (`t0`).
+the model, `analysis.critical_path`, `analysis.breakdown` and `analysis.findings` derive from it.
+Times are absolute epoch nanoseconds inside the model; the JSON view uses microseconds relative to
+the run start (`t0`).
+
+The model's spans are one table (`RunModel.spans`, MODEL_SCHEMA; Perfetto's slice table): a row
+per span, sorted by lane, then start, then arrival, so each lane's spans are one slice of it
+(`Lane.offset`, `Lane.count`), and a span's `idx` is its row. `parent` is the row of its parent in
+the same lane (the tree Perfetto keeps per track), `up` the row of its parent anywhere (a child
+process's `process` span hangs under the launch span of another lane). Passes over every span are
+table operations; a pass that walks a few spans (a critical path, a CUDA chain, a finding's
+evidence) asks for them as `SpanNode`s, made from their rows on demand (`RunModel.node`).
 
 Definitions (also in docs/service.md):
 - lane: one process (resource `service.instance.id`, else pid), grouped by role in ROLE_ORDER,
@@ -22,7 +31,12 @@ Definitions (also in docs/service.md):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from starttrace.run import decode_attrs
 
 ROLE_ORDER = {"api_server": 0, "engine_core": 1, "forkserver": 2, "worker": 3, "child": 4, "helper": 5, "main": 6}
 
@@ -49,10 +63,46 @@ MAX_GAPS = 20
 TOP_HOTSPOTS = 200
 
 
+MODEL_SCHEMA: dict[str, pl.DataType] = {
+    "idx": pl.Int64(),
+    "lane": pl.Int32(),  # the lane's index in `RunModel.lanes`
+    "span_id": pl.String(),
+    "parent": pl.Int64(),  # the parent's idx in the same lane, else null
+    "up": pl.Int64(),  # the parent's idx in any lane, else null
+    "depth": pl.Int32(),  # ancestors in the same lane
+    "name": pl.String(),
+    "phase": pl.String(),  # the `starttrace.phase` attribute, else by name (analysis.phases.phase_by_name)
+    "module": pl.String(),  # imports: `starttrace.import.module`, else the name after `import `
+    "self_us": pl.Float64(),
+    "start": pl.Int64(),
+    "end": pl.Int64(),  # null while in progress
+    "eff_end": pl.Int64(),  # the end, or now / the run's last moment while in progress (>= start)
+    "duration": pl.Int64(),  # eff_end - start
+    "in_progress": pl.Boolean(),
+    "instant": pl.Boolean(),
+    "error": pl.String(),
+    "thread": pl.Int64(),
+    "launched_by": pl.String(),
+    "attrs": pl.String(),
+    "attrs_pb": pl.Binary(),
+}
+
+
+# the columns the passes filter, sort and group by: narrow, so that those operations never move
+# the wide ones (attributes, ids) of every span
+CORE_COLUMNS = (
+    "idx", "lane", "parent", "up", "depth", "name", "phase", "module", "self_us", "start", "end", "eff_end",
+    "duration", "in_progress", "instant", "error",
+)  # fmt: skip
+
+
 class SpanNode:
+    """One span of the model, made from its row on demand (`RunModel.node`): for the passes that
+    walk a few spans. Its parent, children and attributes are looked up when asked."""
+
     __slots__ = (
-        "attrs",
-        "children",
+        "_attrs",
+        "_model",
         "depth",
         "duration",
         "eff_end",
@@ -67,32 +117,56 @@ class SpanNode:
         "module",
         "name",
         "parent",
-        "parent_node",
         "phase",
         "pos",
         "self_us",
         "start",
         "thread",
+        "up",
     )
 
-    duration: int  # eff_end - start (>= 0), set with eff_end by `analysis.lanes.build_model`
-    # the imported module: `starttrace.import.module`, else the name after `import `, else None
-    # (set once by build_model: the analysis asks for it ~6 times per import span)
-    module: str | None
-    # `starttrace.import.self_us` when it is a number, else None (set once by build_model)
-    self_us: int | float | None
-
-    # the one empty list every leaf shares (a list each was 72 bytes of fresh memory per span); never
-    # appended to: whoever links a first child gives the parent a list of its own (analysis.lanes)
-    NO_CHILDREN: ClassVar[list[SpanNode]] = []
-
-    def __init__(self) -> None:
-        self.children: list[SpanNode] = SpanNode.NO_CHILDREN
-        self.parent_node: SpanNode | None = None
+    def __init__(self, model: RunModel, row: dict[str, Any]) -> None:
+        self._model = model
+        self._attrs: dict[str, Any] | None = None
         self.imports: list[SpanNode] | None = None  # findings.common.import_children, once asked
-        self.depth = 0
-        self.pos = 0
-        self.self_us = None
+        self.idx = row["idx"]
+        self.lane = row["lane"]
+        self.id = row["span_id"]
+        self.parent = row["parent"]
+        self.up = row["up"]
+        self.depth = row["depth"]
+        self.name = row["name"]
+        self.phase = row["phase"]
+        self.module = row["module"]
+        self.self_us = row["self_us"]
+        self.start = row["start"]
+        self.end = row["end"]
+        self.eff_end = row["eff_end"]
+        self.duration = row["duration"]
+        self.in_progress = row["in_progress"]
+        self.instant = row["instant"]
+        self.error = row["error"]
+        self.thread = row["thread"]
+        self.pos = self.idx - model.lanes[self.lane].offset if 0 <= self.lane < len(model.lanes) else 0
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        if self._attrs is None:
+            self._attrs = self._model.attrs_of(self.idx)
+        return self._attrs
+
+    @property
+    def parent_node(self) -> SpanNode | None:
+        """Its parent in any lane (a `process` span's parent is the span that launched it)."""
+        return None if self.up is None else self._model.node(self.up)
+
+    @property
+    def children(self) -> list[SpanNode]:
+        """Its children in its own lane, by start."""
+        return self._model.nodes_at(self._model.child_rows(self.idx))
+
+    def __repr__(self) -> str:
+        return f"SpanNode({self.idx}, {self.name!r}, lane {self.lane})"
 
 
 @dataclass
@@ -114,7 +188,8 @@ class Lane:
     exit_code: int | None
     warnings: list[str]
     preloaded: list[str]
-    spans: list[SpanNode] = field(default_factory=list)
+    offset: int = 0  # its spans are rows offset .. offset + count of `RunModel.spans`
+    count: int = 0
     process_span: SpanNode | None = None
     start: int = 0
     end: int = 0
@@ -172,7 +247,7 @@ class RunModel:
     status: str  # ready | finished | exited | killed | running (analysis/liveness.py)
     ready_ns: int | None
     lanes: list[Lane]
-    spans: list[SpanNode]
+    spans: pl.DataFrame  # MODEL_SCHEMA, one row per span (see the module)
     phases: list[str]
     hotspots: list[dict[str, Any]]
     preload_advice: list[dict[str, Any]]
@@ -182,7 +257,8 @@ class RunModel:
     updated_at: float | None = None
     source: str | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)  # analysis.findings (docs/findings.md)
-    span_frame: Any = field(default=None, repr=False)  # analysis.table.span_table, built once
+    _nodes: dict[int, SpanNode] = field(default_factory=dict, repr=False)
+    _children: tuple[Any, Any] | None = field(default=None, repr=False)
 
     @property
     def live(self) -> bool:
@@ -196,50 +272,70 @@ class RunModel:
     def seconds(self, t: int | None) -> float | None:
         return None if t is None else round((t - self.t0) / 1e9, 6)
 
+    @property
+    def core(self) -> pl.DataFrame:
+        """The span table's CORE_COLUMNS (no copy): what a pass over every span filters."""
+        return self.spans.select(CORE_COLUMNS)
 
-def self_ns(n: SpanNode) -> int:
-    us = n.self_us
-    if us is not None:
-        return int(us * 1000)
-    children = n.children
-    if not children:
-        return n.duration
-    return max(0, n.duration - sum([c.duration for c in children]))
+    def lane_rows(self, lane: Lane | int) -> pl.DataFrame:
+        """The lane's rows of the span table's CORE_COLUMNS (a slice: no copy)."""
+        ln = self.lanes[lane] if isinstance(lane, int) else lane
+        return self.core.slice(ln.offset, ln.count)
 
+    def node(self, idx: int) -> SpanNode:
+        got = self._nodes.get(idx)
+        if got is None:
+            got = self._nodes[idx] = SpanNode(self, self.spans.row(idx, named=True))
+        return got
 
-try:  # starttrace/_modelcore.c, built at install where a C compiler is there
-    from starttrace._modelcore import select as c_select  # type: ignore[import-not-found]
-    from starttrace._modelcore import split_imports as c_split_imports  # type: ignore[import-not-found]
-except ImportError:
-    c_select = c_split_imports = None
+    def nodes(self, rows: pl.DataFrame) -> list[SpanNode]:
+        """The rows' spans as nodes, in their order (rows of this model's table, or of its core)."""
+        if "span_id" not in rows.columns:
+            return self.nodes_at(rows["idx"].to_numpy())
+        out = []
+        for row in rows.iter_rows(named=True):
+            got = self._nodes.get(row["idx"])
+            if got is None:
+                got = self._nodes[row["idx"]] = SpanNode(self, row)
+            out.append(got)
+        return out
 
+    def nodes_at(self, idxs: Any) -> list[SpanNode]:
+        idxs = [int(i) for i in idxs]
+        missing = [i for i in idxs if i not in self._nodes]
+        if len(missing) > 8:
+            self.nodes(self.spans[missing])
+        return [self.node(i) for i in idxs]
 
-def select(
-    spans: list[SpanNode], phases: tuple[str, ...], names: tuple[str, ...] = (), keep: bool = True
-) -> list[SpanNode]:
-    """The spans whose phase is in `phases` or whose name is in `names`; with `keep=False` the
-    others. In order; in C where the extension is built (the model build and the findings filter
-    every lane this way, several times)."""
-    if c_select is not None:
-        return c_select(spans, SpanNode, phases, names, keep)  # type: ignore[no-any-return]
-    if keep:
-        return [n for n in spans if n.phase in phases or n.name in names]
-    return [n for n in spans if not (n.phase in phases or n.name in names)]
+    def select(
+        self,
+        phases: tuple[str, ...] = (),
+        names: tuple[str, ...] = (),
+        lane: Lane | int | None = None,
+    ) -> list[SpanNode]:
+        """The spans (as nodes) whose phase is in `phases` or whose name is in `names`, of one lane
+        or all, in table order: for the few spans of a kind a pass walks."""
+        rows = self.core if lane is None else self.lane_rows(lane)
+        found = rows.filter(pl.col("phase").is_in(list(phases)) | pl.col("name").is_in(list(names)))
+        return self.nodes_at(found["idx"].to_numpy())
 
+    def child_rows(self, idx: int) -> Any:
+        """The rows of the span's children in its lane, by start (an index built once per model)."""
+        if self._children is None:
+            parent = self.spans["parent"].to_numpy()
+            has = ~np.isnan(parent) if parent.dtype.kind == "f" else np.ones(len(parent), dtype=bool)
+            rows = np.flatnonzero(has)
+            keys = parent[has].astype(np.int64)
+            order = np.argsort(keys, kind="stable")
+            rows, keys = rows[order], keys[order]
+            offsets = np.searchsorted(keys, np.arange(len(parent) + 1))
+            self._children = (rows, offsets)
+        rows, offsets = self._children
+        return rows[offsets[idx] : offsets[idx + 1]]
 
-def split_imports(spans: list[SpanNode], min_ns: int) -> tuple[list[SpanNode], list[SpanNode]]:
-    """The spans a first answer always sends (not an import, or still in progress), and the
-    imports at least `min_ns` long, each in order (`views.startup_json` asks it of every lane)."""
-    if c_split_imports is not None:
-        return c_split_imports(spans, SpanNode, min_ns, "import")  # type: ignore[no-any-return]
-    always: list[SpanNode] = []
-    longer: list[SpanNode] = []
-    for n in spans:
-        if n.phase != "import" or n.in_progress:
-            always.append(n)
-        elif n.duration >= min_ns:
-            longer.append(n)
-    return always, longer
+    def attrs_of(self, idx: int) -> dict[str, Any]:
+        text, raw = self.spans.select("attrs", "attrs_pb").row(idx)
+        return decode_attrs(text, raw)
 
 
 def rank_slot(lane: Lane) -> tuple[Any, ...]:

@@ -150,11 +150,6 @@ def test_the_c_core_is_built_and_used(venv_python: str, both_runs: tuple[Run, Ru
     ).stdout.strip()  # fmt: skip
     if shutil.which(os.environ.get("CC", "cc")) is not None:
         assert built == "True", "a C compiler is here, but `pip install -e .` did not build starttrace/_hotpath.c"
-        model_core = subprocess.run(
-            [venv_python, "-c", "import starttrace._modelcore as m; print(m.span_nodes.__name__)"],
-            capture_output=True, text=True,
-        )  # fmt: skip
-        assert model_core.stdout.strip() == "span_nodes", f"starttrace/_modelcore.c was not built: {model_core.stderr}"
     if built == "True":
         assert {p.record.get("hotpath") for p in with_c.processes} == {"c"}
     assert {p.record.get("hotpath") for p in pure.processes} == {"python"}

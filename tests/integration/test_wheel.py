@@ -72,7 +72,7 @@ def test_wheel_installs_pth_and_traces_spawn_children(
         if pure:
             assert c_cores == [] and wheel.name.endswith("-py3-none-any.whl"), (wheel.name, c_cores)
         elif shutil.which(os.environ.get("CC", "cc")) is not None:  # built where a compiler is (hatch_build.py)
-            assert c_cores == ["_hotpath", "_modelcore"], names
+            assert c_cores == ["_hotpath"], names  # C only on the traced program's hot path
             assert "-linux_" in wheel.name, f"a wheel with a C extension is not tagged py3-none-any: {wheel.name}"
 
     venv = tmp_path / "fresh venv"  # a space in the path, as users have

@@ -1,4 +1,8 @@
-"""Helpers the findings share: the finding record, lane names, launchers, import trees."""
+"""Helpers the findings share: the finding record, lane names, launchers, import trees.
+
+Import trees are table passes (`ImportTree`): per span row, the import that directly encloses it
+in its lane (`up_import`), and walks "from the top of each tree down to the first import that
+matches" as one vectorised pass (`outermost`) instead of a walk per span."""
 
 from __future__ import annotations
 
@@ -6,21 +10,15 @@ import posixpath
 from collections.abc import Iterable
 from typing import Any
 
-from starttrace.analysis.model import Lane, RunModel, SpanNode, select
+import numpy as np
+import polars as pl
+
+from starttrace.analysis.model import Lane, RunModel, SpanNode
 from starttrace.analysis.phases import merge_intervals
 
 SEVERITIES = ("error", "warning", "info")
 RANK_ROLES = ("worker", "child")  # roles whose processes are ranks (the EngineCore is not one)
-try:  # the import-tree walks in C (starttrace/_modelcore.c, built at install where a C compiler is there)
-    from starttrace import _modelcore  # type: ignore[attr-defined]
-
-    c_import_children, c_subtree_modules = _modelcore.import_children, _modelcore.subtree_modules
-    c_top_imports, c_covered_nodes = _modelcore.top_imports, _modelcore.covered_nodes
-    c_pick_walk, c_paid_modules = _modelcore.pick_walk, _modelcore.paid_modules
-    c_fastest_imports = _modelcore.fastest_imports  # findings.preload.FastestImports' pass
-except ImportError:
-    c_import_children = c_subtree_modules = c_top_imports = c_covered_nodes = c_pick_walk = c_paid_modules = None
-    c_fastest_imports = None
+MAX_DEPTH = 10_000  # bounded walks: guard parent cycles
 WAIT_NAMES = ("barrier", "all_reduce", "allreduce", "all_gather", "broadcast", "collective", "wait_for")
 
 
@@ -79,8 +77,14 @@ def module_list(modules: list[str], limit: int | None = None) -> str:
     return "[" + ", ".join(shown) + more + "]"
 
 
-def is_forkserver(lane: Lane) -> bool:
-    return lane.role == "forkserver" or bool(select(lane.spans, ("forkserver_preload",)))
+def is_forkserver(model: RunModel, lane: Lane) -> bool:
+    if lane.role == "forkserver":
+        return True
+    preloading = getattr(model, "_preloading", None)
+    if preloading is None:
+        preloading = set(model.spans.filter(pl.col("phase") == "forkserver_preload")["lane"].unique().to_list())
+        model._preloading = preloading  # type: ignore[attr-defined]
+    return lane.index in preloading
 
 
 def launcher_lane(model: RunModel, lane: Lane) -> Lane | None:
@@ -99,100 +103,125 @@ def cutoff_ns(model: RunModel, lane: Lane) -> int:
     return max(ends) if ends else model.t_end
 
 
-def import_children(node: SpanNode) -> list[SpanNode]:
-    """The imports directly inside `node` (through spans that are neither imports nor processes).
-    Kept on the node: the findings ask ~3 times per span. Callers must not change the list."""
-    if c_import_children is not None:
-        return c_import_children(node, SpanNode)  # type: ignore[no-any-return]
-    out = node.imports
-    if out is None:
-        children = node.children
-        if all(child.phase == "import" for child in children):  # none, mostly: that very list, no copy
-            node.imports = children
-            return children
-        out = node.imports = []
-        for child in children:
-            phase = child.phase
-            if phase == "import":
-                out.append(child)
-            elif phase != "process" and phase != "startup":
-                out.extend(import_children(child))
-    return out
+class ImportTree:
+    """The run's imports as trees, one pass over the table (cached on the model: `import_tree`).
 
+    Arrays over every row of `model.spans`: `is_import`; `up_import`, the row of the import that
+    encloses it most closely in its lane (through spans that are not imports; -1: none, a top
+    import); `top`, the outermost import enclosing it or itself (-1 for a span outside any import)."""
 
-def top_imports(lane: Lane, until: int | None = None) -> list[SpanNode]:
-    """The lane's imports that no other import encloses (completed, started before `until`)."""
-    if c_top_imports is not None:
-        return c_top_imports(lane.spans, until, SpanNode)  # type: ignore[no-any-return]
-    out = []
-    for n in lane.spans:
-        if n.phase != "import" or n.in_progress or (until is not None and n.start >= until):
-            continue
-        p = n.parent_node
-        steps = 0
-        while p is not None and p.lane == n.lane and p.phase != "import":
-            if steps >= 10_000:  # bounded: guards cycles (then it counts as enclosed)
+    def __init__(self, model: RunModel) -> None:
+        spans = model.spans
+        self.model = model
+        self.is_import = (spans["phase"] == "import").to_numpy()
+        parent = spans["parent"].fill_null(-1).to_numpy().astype(np.int64)
+        up = np.full(len(parent), -1, dtype=np.int64)
+        cur = parent.copy()
+        pending = cur >= 0
+        for _ in range(MAX_DEPTH):
+            if not pending.any():
                 break
-            steps += 1
-            p = p.parent_node
-        if p is None or p.lane != n.lane:
-            out.append(n)
-    return out
+            at = cur[pending]
+            hit = self.is_import[at]
+            rows = np.flatnonzero(pending)
+            up[rows[hit]] = at[hit]
+            cur[rows[hit]] = -1
+            cur[rows[~hit]] = parent[at[~hit]]
+            pending = cur >= 0
+        self.up_import = up
+        self.top = self.outermost(self.is_import)
+
+    def outermost(self, mark: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """Per row (of `rows`, default all): the outermost import among itself and the imports
+        enclosing it that `mark` marks; -1 where none is."""
+        cur = np.arange(len(mark), dtype=np.int64) if rows is None else rows.astype(np.int64)
+        best = np.full(len(cur), -1, dtype=np.int64)
+        live = cur >= 0
+        for _ in range(MAX_DEPTH):
+            if not live.any():
+                break
+            at = cur[live]
+            idx = np.flatnonzero(live)
+            marked = mark[at]
+            best[idx[marked]] = at[marked]
+            nxt = self.up_import[at]
+            cur[idx] = nxt
+            live = cur >= 0
+        return best
 
 
-def subtree_modules(node: SpanNode, memo: dict[str, frozenset[str]]) -> frozenset[str]:
-    """Modules loaded by the import `node` (itself and every import inside it)."""
-    if c_subtree_modules is not None:
-        return c_subtree_modules(node, memo, SpanNode)  # type: ignore[no-any-return]
-    got = memo.get(node.id)
-    if got is not None:
-        return got
-    result = frozenset(_modules_under([node]))
-    memo[node.id] = result
-    return result
+def import_tree(model: RunModel) -> ImportTree:
+    tree = getattr(model, "_import_tree", None)
+    if tree is None or tree.model is not model:
+        tree = ImportTree(model)
+        model._import_tree = tree  # type: ignore[attr-defined]
+    return tree
 
 
-def paid_modules(roots: list[SpanNode]) -> set[str]:
-    """Modules loaded by the imports `roots` (themselves and every import inside them), in one set:
-    the union of their `subtree_modules`, without a set per root."""
-    if c_paid_modules is not None:
-        return c_paid_modules(roots, SpanNode)  # type: ignore[no-any-return]
-    return _modules_under(roots)
+def top_imports(model: RunModel, lanes: list[Lane], until: dict[int, int | None] | None = None) -> pl.DataFrame:
+    """The imports of `lanes` that no other import encloses (completed; started before the lane's
+    `until` where given): rows."""
+    tree = import_tree(model)
+    until = until or {}
+    limits = {ln.index: u for ln in lanes if (u := until.get(ln.index)) is not None}
+    rows = model.core.with_columns(pl.Series("_top", tree.up_import < 0)).filter(
+        pl.col("lane").is_in([ln.index for ln in lanes])
+        & pl.col("_top")
+        & (pl.col("phase") == "import")
+        & ~pl.col("in_progress")
+    )
+    if limits:
+        limit = pl.col("lane").replace_strict(limits, default=None, return_dtype=pl.Int64)
+        rows = rows.filter(limit.is_null() | (pl.col("start") < limit))
+    return rows.drop("_top")
 
 
-def _modules_under(roots: list[SpanNode]) -> set[str]:
-    """The walk of `subtree_modules` and `paid_modules` (in C: `add_subtree_modules`)."""
-    mods: set[str] = set()
-    stack = list(roots)
-    while stack:
-        n = stack.pop()
-        if n.module:
-            mods.add(n.module)
-        stack.extend(import_children(n))
-    return mods
+def tree_rows(model: RunModel, tops: pl.DataFrame) -> pl.DataFrame:
+    """The imports in the trees of the top imports `tops` (themselves included), with `top`."""
+    tree = import_tree(model)
+    is_top = np.zeros(model.spans.height + 1, dtype=bool)
+    is_top[tops["idx"].to_numpy()] = True
+    in_tree = pl.Series(is_top[tree.top])  # tree.top is -1 outside any import: the spare last slot
+    return model.core.with_columns(pl.Series("top", tree.top)).filter(in_tree & (pl.col("phase") == "import"))
 
 
-def preload_list(lane: Lane) -> list[str]:
+def outermost_map(model: RunModel, rows: pl.DataFrame, mark: pl.Series) -> np.ndarray:
+    """Per row of `rows` (imports, from `tree_rows`): the row of the outermost import among itself
+    and those enclosing it that `mark` (a bool per row of `rows`) marks; -1: none."""
+    full = np.zeros(model.spans.height, dtype=bool)
+    full[rows["idx"].to_numpy()] = mark.to_numpy()
+    return import_tree(model).outermost(full, rows["idx"].to_numpy())
+
+
+def outermost_rows(model: RunModel, rows: pl.DataFrame, mark: pl.Series) -> pl.DataFrame:
+    """The first import on every branch of the trees `rows` that `mark` marks, walking from the
+    top down: the marked rows no marked import encloses."""
+    return rows.filter(pl.Series(outermost_map(model, rows, mark) == rows["idx"].to_numpy()))
+
+
+def preload_list(model: RunModel, lane: Lane) -> list[str]:
     """What a forkserver preloads: its `forkserver.preload` list, else its `preload X` spans."""
-    for n in select(lane.spans, ("forkserver_preload",)):
+    rows = model.lane_rows(lane)
+    for n in model.nodes(rows.filter(pl.col("phase") == "forkserver_preload")):
         pre = n.attrs.get("starttrace.preload")
         if isinstance(pre, list):
             return [str(m) for m in pre]
-    return [n.name[8:] for n in lane.spans if n.name.startswith("preload ")]
+    return [name[8:] for name in rows.filter(pl.col("name").str.starts_with("preload "))["name"].to_list()]
 
 
-def preload_span(lane: Lane) -> SpanNode | None:
-    outer = select(lane.spans, (), ("forkserver.preload",))
+def preload_span(model: RunModel, lane: Lane) -> SpanNode | None:
+    outer = model.select(names=("forkserver.preload",), lane=lane)
     if outer:
         return outer[0]
-    parts = select(lane.spans, ("forkserver_preload",))
+    parts = model.select(("forkserver_preload",), lane=lane)
     return min(parts, key=lambda n: n.depth) if parts else None
 
 
-def forkserver_modules(lane: Lane) -> set[str]:
+def forkserver_modules(model: RunModel, lane: Lane) -> set[str]:
     """Everything a forkserver holds for its children: its preload list, imports, preloaded."""
-    out = set(preload_list(lane)) | set(lane.preloaded)
-    out.update(n.module for n in select(lane.spans, ("import", "forkserver_preload")) if n.module)
+    out = set(preload_list(model, lane)) | set(lane.preloaded)
+    rows = model.lane_rows(lane).filter(pl.col("phase").is_in(["import", "forkserver_preload"]))
+    out.update(m for m in rows["module"].drop_nulls().to_list() if m)
     return out
 
 
@@ -219,7 +248,15 @@ def _modules_from_file(model: RunModel, path: str) -> set[str]:
     want = posixpath.normpath(path)
     base = posixpath.basename(want)
     out = set()
-    for n in select(model.spans, ("import",)):  # imports first: reading an attribute decodes it
+    # the rows whose attributes hold the file's name at all, then decoded
+    rows = model.spans.filter(
+        (pl.col("phase") == "import")
+        & (
+            pl.col("attrs").str.contains(base, literal=True).fill_null(False)
+            | pl.col("attrs_pb").bin.contains(base.encode()).fill_null(False)
+        )
+    )
+    for n in model.nodes(rows):
         file = n.attrs.get("code.file.path")
         if isinstance(file, str) and posixpath.basename(file) == base:
             if file == want or file.endswith("/" + want.lstrip("./")):
@@ -232,7 +269,7 @@ def _modules_from_file(model: RunModel, path: str) -> set[str]:
 def cuda_chains(model: RunModel) -> dict[str, tuple[Lane, list[str]]]:
     """Modules whose import ran `cuda.init`, with a lane where it happened and the chain."""
     out: dict[str, tuple[Lane, list[str]]] = {}
-    for n in select(model.spans, ("cuda_init",), ("cuda.init",)):
+    for n in model.select(("cuda_init",), ("cuda.init",)):
         chain = [n.name]
         p = n.parent_node
         lane = model.lanes[n.lane]

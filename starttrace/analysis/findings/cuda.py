@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from starttrace.analysis.findings.common import finding, is_forkserver
-from starttrace.analysis.model import Lane, RunModel, SpanNode, select
+from starttrace.analysis.model import Lane, RunModel, SpanNode
 
 
 def _chain(n: SpanNode, lane_index: int) -> list[str]:
@@ -62,15 +62,23 @@ def cuda_audit(model: RunModel) -> dict[str, Any]:
     """`{clean, processes_with_cuda_init, issues}`; see the module docstring."""
     issues: list[dict[str, Any]] = []
     cuda_lanes = 0
+    by_lane: dict[tuple[str, int], list[SpanNode]] = {}
+    for kind, phases, names in (
+        ("cuda", ("cuda_init",), ("cuda.init",)),
+        ("process", ("process",), ()),
+        ("launch", ("fork", "launch"), ("process.fork", "process.launch")),
+    ):
+        for n in model.select(phases, names):
+            by_lane.setdefault((kind, n.lane), []).append(n)
     for lane in model.lanes:
-        cudas = select(lane.spans, ("cuda_init",), ("cuda.init",))
+        cudas = by_lane.get(("cuda", lane.index), [])
         flagged = bool(lane.resource.get("starttrace.cuda_before_fork") is True) or any(
-            n.attrs.get("starttrace.cuda_before_fork") is True for n in select(lane.spans, ("process",))
+            n.attrs.get("starttrace.cuda_before_fork") is True for n in by_lane.get(("process", lane.index), [])
         )
         if cudas:
             cuda_lanes += 1
-        is_fs = is_forkserver(lane)
-        launches = select(lane.spans, ("fork", "launch"), ("process.fork", "process.launch")) if cudas else []
+        is_fs = is_forkserver(model, lane)
+        launches = by_lane.get(("launch", lane.index), []) if cudas else []
         for c in cudas:
             forks = [n for n in launches if _is_fork(n) and n.start >= c.start]
             if not forks and not is_fs:

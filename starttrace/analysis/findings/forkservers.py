@@ -20,7 +20,7 @@ from starttrace.analysis.findings.common import (
     preload_span,
     s,
 )
-from starttrace.analysis.model import Lane, RunModel, select
+from starttrace.analysis.model import Lane, RunModel
 
 MIN_PRELOAD_S = 0.05
 
@@ -28,12 +28,12 @@ MIN_PRELOAD_S = 0.05
 def unused_forkserver_findings(model: RunModel) -> list[dict[str, Any]]:
     out = []
     for lane in model.lanes:
-        if not is_forkserver(lane):
+        if not is_forkserver(model, lane):
             continue
         until = cutoff_ns(model, lane)
-        forks = [n for n in select(lane.spans, ("fork",), ("process.fork",)) if n.start < until]
+        forks = [n for n in model.select(("fork",), ("process.fork",), lane=lane) if n.start < until]
         children = [ln for ln in model.lanes if ln.start_method == "forkserver" and ln.ppid == lane.pid]
-        pre = preload_span(lane)
+        pre = preload_span(model, lane)
         if forks or children or pre is None or pre.duration / 1e9 < MIN_PRELOAD_S:
             continue
         out.append(_finding(model, lane, pre.start, pre.eff_end))
@@ -46,7 +46,7 @@ def _finding(model: RunModel, lane: Lane, start: int, end: int) -> dict[str, Any
     during = overlap_ns((start, end), path) / 1e9
     starter = launcher_lane(model, lane)
     by = f" (started by {starter.label})" if starter is not None else ""
-    preload = preload_list(lane)
+    preload = preload_list(model, lane)
     text = f"{lane.label}{by} preloaded {module_list(preload)} for {s(seconds)} and forked nothing during startup"
     if during > 0:
         text += f"; its preload ran during {s(during)} of the critical path, competing for CPU with it"

@@ -17,32 +17,32 @@ or forked. Per group:
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from starttrace.analysis.findings import common
+import polars as pl
+
 from starttrace.analysis.findings.common import (
     RANK_ROLES,
     cuda_chains,
     cutoff_ns,
     finding,
     forkserver_modules,
-    import_children,
     is_forkserver,
     launcher_lane,
     main_modules,
     module_list,
-    paid_modules,
+    outermost_map,
+    outermost_rows,
     preload_list,
     preload_span,
     s,
     short_name,
     signed_s,
-    subtree_modules,
     top_imports,
+    tree_rows,
 )
-from starttrace.analysis.model import Lane, RunModel, SpanNode, select
+from starttrace.analysis.model import Lane, RunModel
 
 MIN_RANKS = 2
 MIN_MODULE_S = 0.0001  # modules cheaper than this per rank are not listed
@@ -76,7 +76,7 @@ def rank_groups(model: RunModel) -> list[Group]:
         if lane.role not in RANK_ROLES or lane.start_method not in ("spawn", "fork", "forkserver"):
             continue
         launcher = launcher_lane(model, lane)
-        method = "forkserver" if launcher is not None and is_forkserver(launcher) else str(lane.start_method)
+        method = "forkserver" if launcher is not None and is_forkserver(model, launcher) else str(lane.start_method)
         key = (lane.role, method, None if launcher is None else launcher.index)
         group = groups.setdefault(key, Group(str(lane.role), method, launcher))
         group.lanes.append(lane)
@@ -92,7 +92,7 @@ def preload_findings(model: RunModel) -> list[dict[str, Any]]:
         cover = covering(model, group, tainted, excluded)
         if not cover.modules:
             if cover.refused:
-                out.append(_refused_only(group, cover))
+                out.append(_refused_only(model, group, cover))
             continue
         per_rank = [cover.per_lane_ns.get(ln.index, 0) / 1e9 for ln in group.lanes]
         mean = sum(per_rank) / len(per_rank)
@@ -102,51 +102,65 @@ def preload_findings(model: RunModel) -> list[dict[str, Any]]:
     return out
 
 
-def covering(model: RunModel, group: Group, tainted: dict[str, tuple[Lane, list[str]]], excluded: set[str]) -> Covering:
-    memo: dict[str, frozenset[str]] = {}
-    tops = {ln.index: top_imports(ln, cutoff_ns(model, ln)) for ln in group.lanes}
-    count: Counter[str] = Counter()
-    for roots in tops.values():
-        count.update(paid_modules(roots))
-    held = forkserver_modules(group.launcher) if group.method == "forkserver" and group.launcher else set()
+def _group_trees(model: RunModel, lanes: list[Lane], until: dict[int, int | None]) -> pl.DataFrame:
+    """The imports in the trees of each lane's top imports that started before its `until`."""
+    return tree_rows(model, top_imports(model, lanes, until))
 
-    # the candidates, decided once per module (the walk below asks for every import span)
-    allowed = {
-        mod
-        for mod, ranks in count.items()
-        if mod
-        and ranks >= MIN_RANKS
-        and mod not in excluded
-        and mod not in tainted
-        and mod not in held
-        and not mod.startswith("starttrace")
-    }
-    picks: dict[str, list[SpanNode]] = {}
+
+def covering(model: RunModel, group: Group, tainted: dict[str, tuple[Lane, list[str]]], excluded: set[str]) -> Covering:
+    until = {ln.index: cutoff_ns(model, ln) for ln in group.lanes}
+    trees = _group_trees(model, group.lanes, until)
+    held = forkserver_modules(model, group.launcher) if group.method == "forkserver" and group.launcher else set()
+    # modules two ranks or more paid for, except the program's own, what the forkserver holds
+    # already, and starttrace's; those whose import ran cuda.init are refused, not picked
+    # (grouped by the module's 64-bit hash, then checked by name: a string group-by costs ~5x more)
+    paid = (
+        trees.filter(pl.col("module").is_not_null() & (pl.col("module") != ""))
+        .with_columns(pl.col("module").hash().alias("key"))
+        .group_by("key")
+        .agg(pl.col("lane").n_unique().alias("ranks"), pl.col("module").first())
+        .filter(pl.col("ranks") >= MIN_RANKS)
+    )
+    paid = _exact_counts(trees, paid).filter(
+        ~pl.col("module").is_in(list(excluded | held)) & ~pl.col("module").str.starts_with("starttrace")
+    )
+    is_tainted = pl.col("module").is_in(list(tainted))
+    allowed = paid.filter(~is_tainted)["module"]
+    flagged = set(
+        trees.filter(is_tainted)
+        .group_by("module")
+        .agg(pl.col("lane").n_unique().alias("ranks"))
+        .filter(pl.col("ranks") >= MIN_RANKS)["module"]
+        .to_list()
+    )
     refused: dict[str, str] = {}
-    flagged = {mod for mod in tainted if count[mod] >= MIN_RANKS}
-    if not allowed and not flagged:  # no module two ranks paid for: nothing to pick or refuse
-        return _keep(group, picks, memo, refused, {})
-    if common.c_pick_walk is not None:  # the same walk in C
-        for roots in tops.values():
-            picked, noted = common.c_pick_walk(roots, allowed, flagged, SpanNode)
-            for n in picked:
-                picks.setdefault(n.module, []).append(n)
-            for n in noted:
-                if n.module not in refused:
-                    refused[n.module] = _refusal(tainted[n.module])
-        return _keep(group, picks, memo, refused, {ln.index: cutoff_ns(model, ln) for ln in group.lanes})
-    for roots in tops.values():
-        stack = list(roots)
-        while stack:
-            n = stack.pop()
-            mod = n.module
-            if mod in allowed and not n.error:
-                picks.setdefault(mod, []).append(n)
-                continue
-            if mod in flagged and mod not in refused:
-                refused[mod] = _refusal(tainted[mod])
-            stack.extend(import_children(n))
-    return _keep(group, picks, memo, refused, {ln.index: cutoff_ns(model, ln) for ln in group.lanes})
+    if not allowed.len() and not flagged:  # no module two ranks paid for: nothing to pick or refuse
+        return Covering([], [], {ln.index: 0 for ln in group.lanes}, {}, {}, refused)
+    # from the top of each tree down, the first allowed import (that did not fail) on every branch
+    pickable = pl.col("module").is_in(allowed.implode()).fill_null(False) & pl.col("error").is_null()
+    under = outermost_map(model, trees, trees.select(pickable).to_series())
+    own = under == trees["idx"].to_numpy()
+    picks = trees.filter(pl.Series(own))
+    # the imports that walk visits: those no pick encloses (the picks themselves among them)
+    visited = trees.filter(pl.Series((under < 0) | own))
+    for mod in visited.filter(pl.col("module").is_in(list(flagged)))["module"].unique().to_list():
+        refused[mod] = _refusal(tainted[mod])
+    return _keep(model, group, trees, picks, under, refused, until)
+
+
+def _exact_counts(trees: pl.DataFrame, paid: pl.DataFrame) -> pl.DataFrame:
+    """`paid` (module, ranks: how many lanes imported it), counted again by the names themselves
+    for the modules it found (few), so that two names sharing a hash are never counted as one."""
+    if not paid.height:
+        return paid.select("module", "ranks")
+    return (
+        trees.filter(
+            pl.col("module").is_in(paid["module"].implode()) | pl.col("module").hash().is_in(paid["key"].implode())
+        )
+        .group_by("module")
+        .agg(pl.col("lane").n_unique().alias("ranks"))
+        .filter(pl.col("ranks") >= MIN_RANKS)
+    )
 
 
 def _refusal(taint: tuple[Lane, list[str]]) -> str:
@@ -155,20 +169,33 @@ def _refusal(taint: tuple[Lane, list[str]]) -> str:
 
 
 def _keep(
+    model: RunModel,
     group: Group,
-    picks: dict[str, list[SpanNode]],
-    memo: dict[str, frozenset[str]],
+    trees: pl.DataFrame,
+    picks: pl.DataFrame,
+    under: Any,
     refused: dict[str, str],
-    lane_until: dict[int, int],
+    until: dict[int, int | None],
 ) -> Covering:
     """Costliest first, keep a module unless a kept one loaded it; then the time each rank spent
     inside the imports the kept list covers."""
-    total = {mod: sum(n.duration for n in nodes) for mod, nodes in picks.items()}
+    by_mod = picks.group_by("module").agg(pl.col("duration").sum().alias("total"), pl.col("lane").unique().sort())
+    total = {mod: t for mod, t, _ in by_mod.iter_rows()}
+    ranks_of = {mod: list(lanes) for mod, _, lanes in by_mod.iter_rows()}
+    # modules loaded under each pick (itself and every import inside it), per picked module
+    loaded = (
+        trees.with_columns(pl.Series("pick", under))
+        .filter(pl.col("pick") >= 0)
+        .join(picks.select(pl.col("idx").alias("pick"), pl.col("module").alias("picked")), on="pick")
+        .group_by("picked")
+        .agg(pl.col("module").drop_nulls().unique())
+    )
+    loads = {mod: set(mods) for mod, mods in loaded.iter_rows()}
     n_lanes = len(group.lanes)
     kept: list[str] = []
     small: list[str] = []
     covered: set[str] = set()
-    for mod in sorted(picks, key=lambda m: (-total[m], m)):
+    for mod in sorted(total, key=lambda m: (-total[m], m)):
         if mod in covered:
             continue
         if total[mod] / n_lanes / 1e9 < MIN_MODULE_S or len(kept) >= MAX_MODULES:
@@ -176,29 +203,20 @@ def _keep(
             continue
         kept.append(mod)
         covered.add(mod)
-        for n in picks[mod]:
-            covered |= subtree_modules(n, memo)
-    per_lane: dict[int, int] = {}
-    for lane in group.lanes:
-        found = covered_nodes(lane, covered, lane_until.get(lane.index)) if covered else []
-        per_lane[lane.index] = sum(n.duration for n in found)
-    ranks_of = {mod: sorted({n.lane for n in nodes}) for mod, nodes in picks.items()}
+        covered |= loads.get(mod, set())
+    per_lane = {ln.index: 0 for ln in group.lanes}
+    if covered:
+        found = outermost_rows(model, trees, trees["module"].is_in(list(covered)).fill_null(False))
+        per_lane.update(found.group_by("lane").agg(pl.col("duration").sum()).iter_rows())
     return Covering(kept, small, per_lane, ranks_of, total, refused)
 
 
-def covered_nodes(lane: Lane, covered: set[str], until: int | None = None) -> list[SpanNode]:
-    """The outermost imports of `lane` (started before `until`) whose module is in `covered`."""
-    if common.c_covered_nodes is not None:
-        return common.c_covered_nodes(top_imports(lane, until), covered, SpanNode)  # type: ignore[no-any-return]
-    out = []
-    stack = top_imports(lane, until)
-    while stack:
-        n = stack.pop()
-        if n.module in covered:
-            out.append(n)
-        else:
-            stack.extend(import_children(n))
-    return out
+def covered_ns(model: RunModel, lane: Lane, covered: set[str], until: int | None = None) -> int:
+    """The time inside the outermost imports of `lane` (started before `until`) whose module is in
+    `covered`."""
+    trees = _group_trees(model, [lane], {lane.index: until})
+    found = outermost_rows(model, trees, trees["module"].is_in(list(covered)).fill_null(False))
+    return int(found["duration"].sum() or 0)
 
 
 def _estimate(
@@ -219,7 +237,7 @@ def _estimate(
     init = [ln.phases.get("interpreter", 0) if group.method == "spawn" else 0 for ln in group.lanes]
     cost = min(min(saved), fastest.total(modules))
     if group.method == "forkserver" and group.launcher is not None:
-        slack = _idle_before_first_fork(group.launcher)
+        slack = _idle_before_first_fork(model, group.launcher)
         added = max(0, cost - slack)
         basis = f"the preload runs once in {group.launcher.label} before its first fork"
         if slack >= 1_000_000:
@@ -251,8 +269,8 @@ def _estimate(
 
 
 class FastestImports:
-    """The fastest completed import of each module anywhere in the run, found in one pass over the
-    run's imports the first time a group asks (a pass per group cost a 64-rank run ~0.5 s)."""
+    """The fastest completed import of each module anywhere in the run, looked up for the modules a
+    group lists (a few dozen) and kept for the next group."""
 
     def __init__(self, model: RunModel) -> None:
         self.model = model
@@ -261,18 +279,20 @@ class FastestImports:
     def total(self, modules: list[str]) -> int:
         """The sum of the fastest import of each of `modules`; 2**62 when one never completed."""
         best = self._best
-        if best is None:
-            imports = select(self.model.spans, ("import",))
-            if common.c_fastest_imports is not None:  # the same pass in C
-                best = self._best = common.c_fastest_imports(imports, SpanNode)
-            else:
-                best = self._best = {}
-                for n in imports:
-                    if n.in_progress or n.error:
-                        continue
-                    old = best.get(n.module)
-                    if old is None or n.duration < old:
-                        best[n.module] = n.duration
+        wanted = [m for m in set(modules) if best is None or m not in best]
+        if wanted:
+            best = self._best = (best or {}) | dict(
+                self.model.spans.filter(
+                    (pl.col("phase") == "import")
+                    & ~pl.col("in_progress")
+                    & pl.col("error").is_null()
+                    & pl.col("module").is_in(wanted)
+                )
+                .group_by("module")
+                .agg(pl.col("duration").min())
+                .iter_rows()
+            )
+        best = best or {}
         total = 0
         for mod in set(modules):
             got = best.get(mod)
@@ -282,15 +302,15 @@ class FastestImports:
         return total
 
 
-def _idle_before_first_fork(forkserver: Lane) -> int:
-    pre = preload_span(forkserver)
-    forks = [n.start for n in forkserver.spans if n.phase == "fork" or n.name == "process.fork"]
+def _idle_before_first_fork(model: RunModel, forkserver: Lane) -> int:
+    pre = preload_span(model, forkserver)
+    forks = [n.start for n in model.select(("fork",), ("process.fork",), lane=forkserver)]
     if pre is None or not forks:
         return 0
     return max(0, min(forks) - pre.eff_end)
 
 
-def _refused_only(group: Group, cover: Covering) -> dict[str, Any]:
+def _refused_only(model: RunModel, group: Group, cover: Covering) -> dict[str, Any]:
     """The ranks re-import only modules whose import ran cuda.init: nothing to preload, and why."""
     names = sorted(cover.refused)
     text = (
@@ -312,7 +332,7 @@ def _refused_only(group: Group, cover: Covering) -> dict[str, Any]:
         role=group.role,
         forkserver_pid=group.launcher.pid if group.method == "forkserver" and group.launcher else None,
         launcher_pid=group.launcher.pid if group.launcher else None,
-        preloads_now=preload_list(group.launcher) if group.method == "forkserver" and group.launcher else [],
+        preloads_now=preload_list(model, group.launcher) if group.method == "forkserver" and group.launcher else [],
         refused=[{"module": m, "reason": cover.refused[m]} for m in names],
         estimate={
             "label": "estimate",
@@ -336,7 +356,7 @@ def _wording(
     )
     if group.method == "forkserver" and group.launcher is not None:
         fs = group.launcher
-        now = preload_list(fs)
+        now = preload_list(model, fs)
         text = (
             f"{n} ranks forked from {fs.label} re-import modules after their fork: {s(mean)} per rank ({each}). "
             f"Add {module_list(mods, SHOWN)} to the preload of {fs.label} (it preloads {module_list(now, SHOWN)} now); "
@@ -396,7 +416,7 @@ def _finding(
         role=group.role,
         forkserver_pid=forkserver.pid if forkserver else None,
         launcher_pid=group.launcher.pid if group.launcher else None,
-        preloads_now=preload_list(forkserver) if forkserver else [],
+        preloads_now=preload_list(model, forkserver) if forkserver else [],
         refused=[{"module": m, "reason": r} for m, r in sorted(cover.refused.items())],
         estimate=est,
     )

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from starttrace.analysis.findings.common import finding, is_wait, s, short_name
-from starttrace.analysis.model import Lane, RunModel, SpanNode, select
+import polars as pl
 
-# a tuple, as `select` takes it; imports (most spans) first
+from starttrace.analysis.findings.common import WAIT_NAMES, finding, s, short_name
+from starttrace.analysis.model import Lane, RunModel
+
 SKIP_PHASES = (
     "import",
     "process",
@@ -42,33 +43,45 @@ def straggler_findings(model: RunModel) -> list[dict[str, Any]]:
         return []
     floor = max(MIN_SPREAD_S, MIN_SHARE * model.startup_s)
     out = []
-    by_phase: dict[int, dict[str, list[SpanNode]]] = {}
-    for ln in ranks:
-        lane_phases = by_phase[ln.index] = {}
-        for n in select(ln.spans, SKIP_PHASES, keep=False):  # in C: a rank's imports are most of its spans
-            if not n.instant:
-                got = lane_phases.get(n.phase)
-                if got is None:
-                    lane_phases[n.phase] = [n]
-                else:
-                    got.append(n)
+    lower = pl.col("name").str.to_lowercase()
+    is_wait = (pl.col("phase") == "dist_init") | pl.any_horizontal(
+        [lower.str.contains(w, literal=True) for w in WAIT_NAMES]
+    )
+    per = (
+        model.spans.filter(
+            pl.col("lane").is_in([ln.index for ln in ranks])
+            & ~pl.col("phase").is_in(list(SKIP_PHASES))
+            & ~pl.col("instant")
+        )
+        .group_by("lane", "phase")
+        .agg(pl.col("start").min().alias("entry"), pl.col("eff_end").max().alias("exit"), is_wait.all().alias("waits"))
+    )
+    by_phase: dict[int, dict[str, tuple[int, int, bool]]] = {ln.index: {} for ln in ranks}
+    for lane_i, phase, entry, exit_, waits in per.iter_rows():
+        by_phase[lane_i][phase] = (entry, exit_, waits)
     for phase in _common_phases(ranks, by_phase):
-        spans = {ln.index: by_phase[ln.index][phase] for ln in ranks}
-        entry = {i: min(n.start for n in ns) for i, ns in spans.items()}
-        exit_ = {i: max(n.eff_end for n in ns) for i, ns in spans.items()}
-        got = _phase_finding(model, ranks, phase, entry, exit_, spans, floor)
+        rows = {ln.index: by_phase[ln.index][phase] for ln in ranks}
+        got = _phase_finding(
+            model,
+            ranks,
+            phase,
+            {i: r[0] for i, r in rows.items()},
+            {i: r[1] for i, r in rows.items()},
+            all(r[2] for r in rows.values()),
+            floor,
+        )
         if got is not None:
             out.append(got)
     if all(ln.ready_ns is not None for ln in ranks):
         ready = {ln.index: ln.ready_ns for ln in ranks}
-        got = _phase_finding(model, ranks, "ready", ready, ready, {}, floor)  # type: ignore[arg-type]
+        got = _phase_finding(model, ranks, "ready", ready, ready, False, floor)  # type: ignore[arg-type]
         if got is not None:
             out.append(got)
     out.sort(key=lambda f: -(f["seconds"] or 0))
     return out[:MAX_FINDINGS]
 
 
-def _common_phases(ranks: list[Lane], by_phase: dict[int, dict[str, list[SpanNode]]]) -> list[str]:
+def _common_phases(ranks: list[Lane], by_phase: dict[int, dict[str, tuple[int, int, bool]]]) -> list[str]:
     common = None
     for ln in ranks:
         have = {ph for ph in by_phase[ln.index] if ph not in SKIP_PHASES}
@@ -83,12 +96,11 @@ def _phase_finding(
     phase: str,
     entry: dict[int, int],
     exit_: dict[int, int],
-    spans: dict[int, list[SpanNode]],
+    waits: bool,
     floor: float,
 ) -> dict[str, Any] | None:
     entry_spread = (max(entry.values()) - min(entry.values())) / 1e9
     exit_spread = (max(exit_.values()) - min(exit_.values())) / 1e9
-    waits = bool(spans) and all(is_wait(n) for ns in spans.values() for n in ns)
     spread = entry_spread if waits else exit_spread
     if spread < floor:
         return None
@@ -97,7 +109,7 @@ def _phase_finding(
     late = by[max(key, key=lambda i: key[i])]
     early = by[min(key, key=lambda i: key[i])]
     lateness = spread
-    why = _why(late, early, entry[late.index], entry[early.index], lateness)
+    why = _why(model, late, early, entry[late.index], entry[early.index], lateness)
     name = "dist.init" if phase == "dist_init" else phase
     if waits:
         waited = ", ".join(
@@ -128,35 +140,43 @@ def _phase_finding(
     )
 
 
-def _durations(lane: Lane, until: int) -> dict[str, tuple[int, int]]:
-    """name -> (summed duration of its spans that ended before `until`, shallowest depth)."""
-    out: dict[str, tuple[int, int]] = {}
-    for n in lane.spans:
-        if n is lane.process_span or n.instant or n.in_progress or n.eff_end > until or n.phase == "process":
-            continue
-        if n.depth > 2 and n.phase != "import":
-            continue
-        total, depth = out.get(n.name, (0, n.depth))
-        out[n.name] = (total + n.duration, min(depth, n.depth))
-    return out
+def _durations(model: RunModel, lane: Lane, until: int) -> pl.DataFrame:
+    """Per span name: `total` (the summed duration of its spans that ended before `until`) and
+    `depth` (the shallowest)."""
+    proc = lane.process_span.idx if lane.process_span is not None else -1
+    return (
+        model.lane_rows(lane)
+        .filter(
+            (pl.col("idx") != proc)
+            & ~pl.col("instant")
+            & ~pl.col("in_progress")
+            & (pl.col("eff_end") <= until)
+            & (pl.col("phase") != "process")
+            & ((pl.col("depth") <= 2) | (pl.col("phase") == "import"))
+        )
+        .group_by("name")
+        .agg(pl.col("duration").sum().alias("total"), pl.col("depth").min())
+    )
 
 
-def _why(late: Lane, early: Lane, t_late: int, t_early: int, lateness: float) -> str:
+def _why(model: RunModel, late: Lane, early: Lane, t_late: int, t_early: int, lateness: float) -> str:
     started_later = (late.start - early.start) / 1e9
-    a, b = _durations(late, t_late), _durations(early, t_early)
-    diffs = {name: (d - b.get(name, (0, 0))[0], depth) for name, (d, depth) in a.items()}
-    best = max((d for d, _ in diffs.values()), default=0)
+    a, b = _durations(model, late, t_late), _durations(model, early, t_early)
+    diffs = a.join(b.select("name", pl.col("total").alias("other")), on="name", how="left").select(
+        "name", (pl.col("total") - pl.col("other").fill_null(0)).alias("d"), "depth"
+    )
+    best = max(int(diffs["d"].max() or 0), 0) if diffs.height else 0
     if started_later >= 0.5 * lateness and started_later * 1e9 >= best:
         return f", which started {s(started_later)} later"
     if best <= 0:
         return ""
-    close = [(depth, d, name) for name, (d, depth) in diffs.items() if d >= 0.8 * best]
-    _depth, d, name = max(close)
+    close = diffs.filter(pl.col("d") >= 0.8 * best).sort("depth", "d", "name", descending=True)
+    name, d, _depth = close.row(0)
     text = f", whose {_what(name)} took {s(d / 1e9)} longer"
     if not name.startswith("import "):  # the import that differs most, when it is a good part of it
-        imports = [(dd, nm) for nm, (dd, _) in diffs.items() if nm.startswith("import ") and dd >= 0.3 * d]
-        if imports:
-            dd, nm = max(imports)
+        imports = diffs.filter(pl.col("name").str.starts_with("import ") & (pl.col("d") >= 0.3 * d))
+        if imports.height:
+            nm, dd, _ = imports.sort("d", "name", descending=True).row(0)
             text += f" ({_what(nm)}: {s(dd / 1e9)} longer)"
     return text
 
