@@ -26,6 +26,8 @@ STATEFUL = {
     "tempo": "/var/tempo",
     "prometheus": "/prometheus",
     "grafana": "/var/lib/grafana",
+    "clickhouse": "/var/lib/clickhouse",
+    "starttrace-fleet": "/data",
 }
 EXPECTED_IMAGES = {
     # contrib: the core image has no business here (the filter processor routes by detail)
@@ -34,6 +36,7 @@ EXPECTED_IMAGES = {
     "tempo": ("grafana/tempo", "TEMPO_VERSION"),
     "prometheus": ("prom/prometheus", "PROMETHEUS_VERSION"),
     "grafana": ("grafana/grafana", "GRAFANA_VERSION"),
+    "clickhouse": ("clickhouse/clickhouse-server", "CLICKHOUSE_VERSION"),
 }
 
 
@@ -273,3 +276,29 @@ def test_grafana_admin_password_comes_from_env(
     proc = run_compose(compose_bin, COMPOSE_FILE, "config", "-q", env_file=env)
     assert proc.returncode != 0
     assert "GRAFANA_ADMIN_PASSWORD" in proc.stderr, proc.stderr
+
+
+def test_clickhouse_and_the_fleet_service(compose_config: dict[str, Any]) -> None:
+    """ClickHouse holds full detail (the Collector's clickhouse exporter); starttrace-fleet is the
+    starttrace image reading runs from it (docs/fleet.md)."""
+    services = compose_config["services"]
+    env = read_env_file()
+    ch = services["clickhouse"]
+    assert ch["environment"]["CLICKHOUSE_DB"] == "otel"
+    assert ch["environment"]["CLICKHOUSE_PASSWORD"] == env["CLICKHOUSE_PASSWORD"]
+    raw = COMPOSE_FILE.read_text(encoding="utf-8")
+    assert "${CLICKHOUSE_PASSWORD:?" in raw, "no fallback password in docker-compose.yml"
+    # the exporter's password reaches the collector from .env, never from the config file
+    assert services["otel-collector"]["environment"]["CLICKHOUSE_PASSWORD"] == env["CLICKHOUSE_PASSWORD"]
+    assert services["otel-collector"]["depends_on"]["clickhouse"]["condition"] == "service_healthy"
+    fleet = services["starttrace-fleet"]
+    assert fleet["image"] == services["starttrace"]["image"], "the same image as the starttrace service"
+    assert not fleet.get("entrypoint") and fleet["command"] == ["--no-journal"]
+    url = fleet["environment"]["STARTTRACE_CLICKHOUSE"]
+    assert url == f"http://starttrace:{env['CLICKHOUSE_PASSWORD']}@clickhouse:8123/otel"
+    from starttrace.sources.clickhouse_client import parse_url
+
+    parsed = parse_url(url)
+    assert (parsed.host, parsed.port, parsed.database, parsed.table) == ("clickhouse", 8123, "otel", "otel_traces")
+    published = {int(p["target"]): int(p["published"]) for p in fleet["ports"]}
+    assert published == {4318: int(env["STARTTRACE_FLEET_PORT"])}

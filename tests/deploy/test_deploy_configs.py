@@ -459,8 +459,16 @@ def test_prometheus_scrapes_starttrace_metrics(compose_config: dict[str, Any]) -
 def test_grafana_datasources(compose_config: dict[str, Any]) -> None:
     sources = provisioned_datasources()
     by_type = {ds["type"]: ds for ds in sources.values()}
-    assert set(by_type) == {"prometheus", "tempo", "jaeger"}
-    assert len(sources) == 3, "data source uids must be unique"
+    assert set(by_type) == {"prometheus", "tempo", "jaeger", "grafana-clickhouse-datasource"}
+    assert len(sources) == 4, "data source uids must be unique"
+    ch = by_type["grafana-clickhouse-datasource"]  # the official plugin, by its type name
+    assert ch["uid"] == "starttrace-clickhouse"
+    assert (ch["jsonData"]["host"], ch["jsonData"]["port"], ch["jsonData"]["protocol"]) == ("clickhouse", 8123, "http")
+    assert 8123 in container_ports(compose_config, "clickhouse")
+    assert ch["secureJsonData"]["password"] == "$__env{CLICKHOUSE_PASSWORD}"
+    grafana = compose_config["services"]["grafana"]
+    assert "grafana-clickhouse-datasource" in grafana["environment"]["GF_PLUGINS_PREINSTALL"].split(",")
+    assert "CLICKHOUSE_PASSWORD" in grafana["environment"]
     expected = {"prometheus": ("prometheus", 9090), "tempo": ("tempo", 3200), "jaeger": ("jaeger", 16686)}
     for kind, (service, port) in expected.items():
         ds = by_type[kind]
@@ -495,3 +503,19 @@ def test_grafana_mounts_match_provisioning(compose_config: dict[str, Any]) -> No
     home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     dash_mount = next(t for t in mounts if home.startswith(t + "/"))
     assert (Path(mounts[dash_mount]["source"]) / home[len(dash_mount) + 1 :]).is_file(), home
+
+
+def test_collector_sends_full_detail_to_clickhouse(collector: dict[str, Any], compose_config: dict[str, Any]) -> None:
+    """The clickhouse exporter is in the full-detail pipeline (no filter), writes otel.otel_traces
+    (the table starttrace's ClickHouse source reads) and creates it with its own DDL."""
+    cfg = collector["exporters"]["clickhouse"]
+    assert "clickhouse" in collector["service"]["pipelines"][FULL_PIPELINE]["exporters"]
+    assert not processors_of(collector, FULL_PIPELINE, "filter")
+    for name in SUMMARY_PIPELINES:
+        assert "clickhouse" not in collector["service"]["pipelines"][name]["exporters"]
+    url = urlsplit(cfg["endpoint"])
+    assert (url.scheme, url.hostname, url.port) == ("tcp", "clickhouse", 9000)
+    assert url.port in container_ports(compose_config, "clickhouse")
+    assert (cfg["database"], cfg["traces_table_name"], cfg["create_schema"]) == ("otel", "otel_traces", True)
+    assert cfg["password"] == "${env:CLICKHOUSE_PASSWORD}"
+    assert cfg["retry_on_failure"]["enabled"] is True

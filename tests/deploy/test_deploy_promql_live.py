@@ -130,7 +130,7 @@ def dashboard_variables() -> list[tuple[str, str, str]]:
     for path in dashboard_files():
         dash = json.loads(path.read_text(encoding="utf-8"))
         for v in dash["templating"]["list"]:
-            if v["type"] == "query":
+            if v["type"] == "query" and (v.get("datasource") or {}).get("uid") != "starttrace-clickhouse":
                 q = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
                 out.append((dash["uid"], v["name"], q))
     return out

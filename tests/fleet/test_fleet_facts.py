@@ -3,12 +3,12 @@ ClickHouse's engine (chdb) and in Python over the embedded store's facts: the sa
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fleet_rows import synthetic_facts
 
 from starttrace.analysis.fleet import fleet_answer, regressions, run_facts
 from starttrace.analysis.model import Lane, RunModel
@@ -115,43 +115,6 @@ def test_run_facts_from_model() -> None:
     assert facts["spans"] == 3 and facts["version"] == 7
     not_ready = run_facts(_run("r2"), _model("r2", lanes, None, []))
     assert not_ready["time_to_ready_s"] is None and not_ready["status"] == "exited"
-
-
-def synthetic_facts(n: int, seed: int = 5) -> list[dict[str, Any]]:
-    """Facts rows of `n` runs over three versions; 0.33 loads weights slower."""
-    rng = random.Random(seed)
-    versions = [("0.31.0", 0), ("0.32.0", 100), ("0.33.0", 200)]
-    out = []
-    for i in range(n):
-        version, day = versions[i % 3]
-        load = rng.uniform(8, 12) + (6.0 if version == "0.33.0" else 0.0)
-        imp = rng.uniform(4, 6)
-        ttr = None if i % 17 == 0 else round(imp + load + rng.uniform(5, 10), 6)
-        out.append(
-            {
-                "run_id": f"run-{i:05d}",
-                "trace_id": f"{i:032x}",
-                "service": "vllm" if i % 5 else "sglang",
-                "start_ns": (1_700_000_000 + day * 86400 + i) * S,
-                "status": "ready" if ttr is not None else "exited",
-                "time_to_ready_s": ttr,
-                "startup_s": ttr or 30.0,
-                "phases": {"import": round(imp, 6), "model_load": round(load, 6)},
-                "role_phases": {"worker/model_load": round(load, 6)},
-                "findings": {"slow_weights": 1.0} if load > 15 else {},
-                "identity": {
-                    "service.name": "vllm",
-                    "service.version": version,
-                    "vllm.tensor_parallel_size": str(1 + i % 2),
-                    "host.name": f"node{i % 4}",
-                },
-                "processes": 4,
-                "spans": 100,
-                "version": 100,
-                "facts_version": 1,
-            }
-        )
-    return out
 
 
 def _close(a: dict[str, Any], b: dict[str, Any]) -> None:

@@ -1,0 +1,87 @@
+"""dashboards/fleet-startup.json ("Fleet startup", on Grafana's ClickHouse data source): every
+panel's SQL and the variable's query run for real on ClickHouse's engine (chdb) against
+starttrace_runs as starttrace writes it, with Grafana's macros and variables expanded as the
+grafana-clickhouse-datasource plugin expands them."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from deploy_helpers import DASHBOARDS_DIR, iter_panels, provisioned_datasources
+
+pytest.importorskip("chdb")
+
+from fleet_rows import synthetic_facts
+
+DASH = json.loads((DASHBOARDS_DIR / "fleet-startup.json").read_text(encoding="utf-8"))
+
+
+def sql_targets() -> list[tuple[str, str, int]]:
+    return [(p["title"], t["rawSql"], t["format"]) for p in iter_panels(DASH["panels"]) for t in p["targets"]]
+
+
+def expand(sql: str, by: str) -> str:
+    """Grafana's and the plugin's expansion: $__timeFilter, $__timeInterval, ${var[:format]}."""
+    sql = re.sub(r"\$__timeFilter\((\w+)\)", r"\1 >= toDateTime(0) AND \1 <= toDateTime(4102444800)", sql)
+    sql = re.sub(r"\$__timeInterval\((\w+)\)", r"toStartOfInterval(toDateTime(\1), INTERVAL 3600 second)", sql)
+    sql = sql.replace("${service:singlequote}", "'vllm','sglang'").replace("${by}", by)
+    assert "$" not in sql, sql
+    return sql
+
+
+@pytest.fixture(scope="module")
+def facts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from starttrace.sources.clickhouse_client import close_all, connect
+    from starttrace.sources.clickhouse_facts import ClickHouseFacts
+
+    client = connect(f"chdb:{tmp_path_factory.mktemp('dash') / 'data'}")
+    store = ClickHouseFacts(client)
+    rows = synthetic_facts(120)
+    rows[4]["findings"] = {"cold_compile": 12.0}
+    store.write(rows)
+    yield client
+    close_all()
+
+
+def test_dashboard_reads_the_provisioned_clickhouse_source() -> None:
+    ds = provisioned_datasources()["starttrace-clickhouse"]
+    assert ds["type"] == "grafana-clickhouse-datasource"
+    for p in iter_panels(DASH["panels"]):
+        for t in p["targets"]:
+            assert t["datasource"] == {"type": ds["type"], "uid": ds["uid"]}, p["title"]
+            assert t["editorType"] == "sql" and t["format"] in (0, 1), p["title"]
+            assert "otel.starttrace_runs FINAL" in t["rawSql"], "the newest facts row of each run only"
+
+
+BY = next(v for v in DASH["templating"]["list"] if v["name"] == "by")["query"].split(",")
+
+
+@pytest.mark.parametrize("by", BY)
+@pytest.mark.parametrize(("title", "sql", "fmt"), sql_targets(), ids=[t for t, _, _ in sql_targets()])
+def test_panel_sql_runs_on_clickhouse(facts: Any, title: str, sql: str, fmt: int, by: str) -> None:
+    table = facts.arrow(expand(sql, by))
+    assert table.num_rows > 0, title
+    if fmt == 0:  # a time series: a time column first
+        assert table.column_names[0] == "time", title
+
+
+def test_group_panel_matches_the_fleet_answer(facts: Any) -> None:
+    from starttrace.analysis.fleet import fleet_answer
+
+    sql = next(s for t, s, _ in sql_targets() if t.startswith("Time to ready by"))
+    rows = {r["value"]: r for r in facts.arrow(expand(sql, "service.version")).to_pylist()}
+    ans = fleet_answer(synthetic_facts(120), "service.version")
+    for g in ans["groups"]:
+        assert rows[g["value"]]["runs"] == g["runs"]
+        assert rows[g["value"]]["p50_s"] == pytest.approx(g["time_to_ready_s"]["p50"], abs=0.01)
+
+
+def test_variable_query_runs(facts: Any) -> None:
+    var = next(v for v in DASH["templating"]["list"] if v["name"] == "service")
+    assert var["query"] == var["definition"]
+    values = [r["ServiceName"] for r in facts.arrow(var["query"]).to_pylist()]
+    assert values == ["sglang", "vllm"]
