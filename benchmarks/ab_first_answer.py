@@ -9,7 +9,8 @@ times: a fresh service per measurement (its `Server`), the 64 x 6000 run on 8 no
 (`tests/synth_multinode.py`; `--shared-modules`: every rank imports the same modules, as real
 ranks do) ingested as there, then one `GET /startup/bench`. Besides the wall
 time it prints what the service process spent until that answer, from /proc: user and system CPU
-seconds and minor page faults. One measurement swings
+seconds and minor page faults, and its memory: resident set after the answer (VmRSS) and its peak
+(VmHWM) in MiB. One measurement swings
 by +-25 % on this VM: the build touches ~500 MB of new memory, and what a page fault costs depends
 on whether the host still backs the page the kernel hands out (docs/benchmarks.md, "Huge pages for
 the service's objects: tried"). So the trees take turns and the medians are compared.
@@ -39,6 +40,12 @@ def proc_counters(pid: int) -> tuple[float, float, int]:
     return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7])
 
 
+def proc_memory(pid: int) -> tuple[float, float]:
+    """VmRSS and VmHWM of a process, MiB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
 def measure(tree: Path, bodies: list[bytes], total: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="st-first-ab-"))
     server = bench_service.Server(tree, tmp / "first.db")
@@ -48,6 +55,7 @@ def measure(tree: Path, bodies: list[bytes], total: int) -> dict[str, Any]:
         with httpx.Client(base_url=server.url, timeout=300) as client:
             seconds, response = bench_service.timed(client, "/startup/bench")
         after = proc_counters(server.proc.pid)
+        rss, peak = proc_memory(server.proc.pid)
         assert response.status_code == 200, response.status_code
         return {
             "first_s": seconds,
@@ -55,6 +63,8 @@ def measure(tree: Path, bodies: list[bytes], total: int) -> dict[str, Any]:
             "sys_s": after[1] - before[1],
             "faults": after[2] - before[2],
             "ingest": ingest["spans_s"],
+            "rss_mib": rss,
+            "peak_mib": peak,
         }
     finally:
         server.stop()
@@ -85,11 +95,14 @@ def main() -> int:
             print(
                 f"  {turn + 1}. {name}: first {got['first_s']:.2f} s (user {got['user_s']:.2f}, system "
                 f"{got['sys_s']:.2f}, {got['faults']:,} faults); "
-                f"ingest {got['ingest']:,.0f} spans/s",
+                f"ingest {got['ingest']:,.0f} spans/s; RSS {got['rss_mib']:.0f} MiB (peak {got['peak_mib']:.0f})",
                 flush=True,
             )
-    print("\n| tree | first answer, median (range) | user s | system s | page faults | ingest spans/s |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "\n| tree | first answer, median (range) | user s | system s | page faults | ingest spans/s "
+        "| RSS MiB | peak RSS MiB |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     medians = {}
     for name, rows in results.items():
         med = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
@@ -97,7 +110,7 @@ def main() -> int:
         lo, hi = min(r["first_s"] for r in rows), max(r["first_s"] for r in rows)
         print(
             f"| {name} | {med['first_s']:.2f} s ({lo:.2f}-{hi:.2f}) | {med['user_s']:.2f} | {med['sys_s']:.2f} "
-            f"| {med['faults']:,.0f} | {med['ingest']:,.0f} |"
+            f"| {med['faults']:,.0f} | {med['ingest']:,.0f} | {med['rss_mib']:.0f} | {med['peak_mib']:.0f} |"
         )
     first = variants[0][0]
     for name in list(results)[1:]:

@@ -155,9 +155,12 @@ def this_node(run: Run, root_span: str | None, clock_attrs: dict[str, Any]) -> R
     """The part of `run` this node's exporter sends: the processes of its own tree (where the
     nodes of a job share one run folder, each exports its own), with `clock_attrs` on them."""
     if root_span:
+        import polars as pl  # here: the clock helper (`main`) starts lean
+
         own = [p for p in run.processes if p.record.get("root_span") in (root_span, None)]
         if own:
             run.processes = own
+            run.spans = run.spans.filter(pl.col("lane").is_in([p.instance_id for p in own]))
             run.root_spans = [s for s in run.root_spans if s.span_id == root_span] or run.root_spans
     for process in run.processes:
         process.resource.update(clock_attrs)

@@ -8,7 +8,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from starttrace.run import Process, Run, Span
+from starttrace.run import Process, Run, Span, spans_table
 
 MS = 1_000_000
 T0 = 1_700_000_000_000_000_000
@@ -74,15 +74,15 @@ class Builder:
         else:
             self.startup.in_progress = True
         procs = []
+        rows: list[tuple[str, Span]] = []
         for p in self.procs:
             for s in p.spans:
                 if s.end_ns is None:
                     s.in_progress = True
-            procs.append(
-                Process(f"{p.pid:08x}", p.pid, p.resource["process.parent_pid"], None, p.resource, p.proc_id, p.spans)
-            )
+                rows.append((f"{p.pid:08x}", s))
+            procs.append(Process(f"{p.pid:08x}", p.pid, p.resource["process.parent_pid"], None, p.resource, p.proc_id))
         meta = {"argv": self.argv}
-        return Run(run_id, "ab" * 16, self.root, meta, procs, [], [self.startup])
+        return Run(run_id, "ab" * 16, self.root, meta, procs, [], [self.startup], spans_table(rows))
 
 
 def forkserver_run() -> Run:

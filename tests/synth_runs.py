@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span, Status
 
-from starttrace.run import Process, Run
+from starttrace.run import Process, Run, spans_table
 from starttrace.run import Span as RunSpan
 
 MS = 1_000_000
@@ -392,41 +392,42 @@ def protobuf_batches(run: SRun, batch_spans: int = 512) -> list[bytes]:
 
 def to_run(run: SRun, service: str = "vllm") -> Run:
     """The synthetic run as the run type, as a source would hand it to the analysis (all spans on
-    their process, in-progress spans marked by `starttrace.in_progress`)."""
+    their process's lane of the span table, in-progress spans marked by `starttrace.in_progress`)."""
     processes = []
+    rows: list[tuple[str, RunSpan]] = []
     for p in run.processes:
-        spans: list[RunSpan] = []
+        res = p.resource
+        lane = res["service.instance.id"]
+        own = ""
         for s in p.spans:
             prog = s.attrs.get("starttrace.in_progress") is True
-            spans.append(
-                RunSpan(
-                    s.span_id,
-                    s.parent_id,
-                    s.name,
-                    s.start,
-                    None if prog else s.end,
-                    s.attrs,
-                    s.error,
-                    instant=s.start == s.end,
-                    in_progress=prog,
-                )
+            span = RunSpan(
+                s.span_id,
+                s.parent_id,
+                s.name,
+                s.start,
+                None if prog else s.end,
+                s.attrs,
+                s.error,
+                instant=s.start == s.end,
+                in_progress=prog,
             )
-        res = p.resource
-        own = next((s.span_id for s in spans if s.name == "process"), "")
+            rows.append((lane, span))
+            if not own and s.name == "process":
+                own = s.span_id
         processes.append(
             Process(
-                res["service.instance.id"],
+                lane,
                 res["process.pid"],
                 res["process.parent_pid"],
                 None,
                 res,
                 own,
-                spans,
                 exited=None,
                 source="otlp",
             )
         )
-    return Run(run.run_id, run.trace_id, "", {}, processes, [], [], service=service, source="otlp")
+    return Run(run.run_id, run.trace_id, "", {}, processes, [], [], spans_table(rows), service=service, source="otlp")
 
 
 def random_hex(n: int) -> str:

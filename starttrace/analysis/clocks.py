@@ -18,7 +18,8 @@ error bound, from, in order of preference:
   (`starttrace.clock.exchange_offset_ns` / `..._rtt_ns`, `starttrace.clocksync`): the offset
   difference of the two domains against the service's clock, error half of each round trip.
 
-`correct_clocks` applies the offsets (times minus offset) and records them on every process's
+`correct_clocks` applies the offsets (times minus offset: one column expression per lane over the
+run's span table, never a rewrite of journals) and records them on every process's
 resource (`starttrace.clock.offset_ns`, `...error_ns`, `...method`) and per domain in
 `run.meta["clocks"]`. With one domain the run is returned unchanged; processes that already carry
 `starttrace.clock.method` (a corrected export read back) are left as they are.
@@ -32,7 +33,9 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
-from starttrace.run import Process, Run, Span
+import polars as pl
+
+from starttrace.run import Process, Run, Span, decode_attrs
 
 ATTR_DOMAIN = "starttrace.clock.domain"
 ATTR_OFFSET = "starttrace.clock.offset_ns"
@@ -86,9 +89,9 @@ def domain_of(process: Process) -> str:
 
 def correct_clocks(run: Run, owned: bool = False) -> Run:
     """`run` with every clock domain's times on the reference domain's clock (see the module
-    docstring); the same object when there is nothing to correct. `run` is left as it was, unless
-    the caller `owned` it (loaded it for this view alone): then its spans are shifted where they
-    are, instead of copied (a 64-rank run has 400k of them)."""
+    docstring); the same object when there is nothing to correct. `run` is left as it was (the
+    shift is one column expression per lane over the span table, a new table); `owned` (the caller
+    loaded it for this view alone) lets the few root spans shift where they are."""
     todo = [p for p in run.processes if ATTR_METHOD not in p.resource]
     domains = {domain_of(p) for p in todo}
     if len(domains) < 2:
@@ -97,7 +100,9 @@ def correct_clocks(run: Run, owned: bool = False) -> Run:
     by_domain = {c.domain: c for c in clocks}
     owners = {s.span_id: run.root_owner(s) for s in run.root_spans}
     pending = {id(p) for p in todo}
-    processes = [_shifted_process(p, by_domain[domain_of(p)], owned) if id(p) in pending else p for p in run.processes]
+    processes = [_shifted_process(p, by_domain[domain_of(p)]) if id(p) in pending else p for p in run.processes]
+    offsets = {p.instance_id: by_domain[domain_of(p)].offset_ns for p in todo if by_domain[domain_of(p)].offset_ns}
+    spans = shifted(run.spans, offsets)
     root_spans = []
     for span in run.root_spans:
         owner = owners.get(span.span_id)
@@ -111,7 +116,18 @@ def correct_clocks(run: Run, owned: bool = False) -> Run:
         for c in clocks
         if c.method == "none"
     ]
-    return dataclasses.replace(run, processes=processes, root_spans=root_spans, meta=meta, problems=problems)
+    return dataclasses.replace(
+        run, processes=processes, spans=spans, root_spans=root_spans, meta=meta, problems=problems
+    )
+
+
+def shifted(spans: pl.DataFrame, offsets: dict[str, int]) -> pl.DataFrame:
+    """The span table with each lane's times minus its offset (`offsets`: lane -> ns; others as
+    they are)."""
+    if not offsets or not spans.height:
+        return spans
+    offset = pl.col("lane").replace_strict(offsets, default=0, return_dtype=pl.Int64)
+    return spans.with_columns(pl.col("start") - offset, pl.col("end") - offset)
 
 
 def estimate(run: Run, processes: list[Process] | None = None) -> list[DomainClock]:
@@ -133,7 +149,7 @@ def estimate(run: Run, processes: list[Process] | None = None) -> list[DomainClo
     known = {reference: (0, 0)}
     clocks[reference].method = "reference"
     clocks[reference].error_ns = 0
-    points = sync_points(processes)
+    points = sync_points(run, processes)
     _from_collectives(points, known, clocks)
     _from_exchanges(processes, known, clocks)
     others = sorted((c for d, c in clocks.items() if d != reference), key=lambda c: c.hosts)
@@ -145,34 +161,42 @@ def reference_domain(run: Run, processes: list[Process]) -> str:
     for p in processes:
         if p.rank == 0 and p.role in ("worker", ""):
             return domain_of(p)
+    ready = set(run.spans.filter(pl.col("name") == "ready")["lane"].to_list())
     for p in processes:
-        if any(s.name == "ready" for s in p.spans):
+        if p.instance_id in ready:
             return domain_of(p)
     roots = [p for p in processes if p.resource.get("starttrace.start_method") == "root"]
     first = min(roots or processes, key=lambda p: p.created_ns)
     return domain_of(first)
 
 
-def sync_points(processes: list[Process]) -> list[_Point]:
+def sync_points(run: Run, processes: list[Process]) -> list[_Point]:
     """The collective sync points: per process group, the first synchronizing collective of each
     member process, grouped into one point per `group_size` members (a relaunch of the same group
-    in the same run is a later point)."""
+    in the same run is a later point). The candidates are a filter of the span table (by name,
+    closed, no error); only their attributes are decoded."""
+    lanes = {p.instance_id: domain_of(p) for p in processes}
+    candidates = run.spans.filter(
+        pl.col("name").is_in(list(SYNC_SPANS))
+        & pl.col("lane").is_in(list(lanes))
+        & pl.col("end").is_not_null()
+        & ~pl.col("in_progress").fill_null(False)
+        & (pl.col("error").is_null() | (pl.col("error") == ""))
+    ).sort("lane", "start", maintain_order=True)
     by_group: dict[str, list[tuple[int, int, str, int]]] = {}
-    for p in processes:
-        d = domain_of(p)
-        seen: set[str] = set()
-        for s in p.spans:
-            if s.name not in SYNC_SPANS:  # by name first: no attribute of other spans is decoded
-                continue
-            a = s.attrs
-            if a.get("starttrace.dist.sync") is not True or s.open or s.error or s.end_ns is None:
-                continue
-            group = str(a.get("starttrace.dist.group") or "")
-            if not group or group in seen:
-                continue
-            seen.add(group)
-            size = a.get("starttrace.dist.group_size")
-            by_group.setdefault(group, []).append((s.end_ns, s.start_ns, d, size if isinstance(size, int) else 0))
+    seen: set[tuple[str, str]] = set()  # (lane, group): each process's first collective of a group
+    for row in candidates.iter_rows(named=True):
+        a = decode_attrs(row["attrs"], row["attrs_pb"])
+        if a.get("starttrace.dist.sync") is not True:
+            continue
+        group = str(a.get("starttrace.dist.group") or "")
+        if not group or (row["lane"], group) in seen:
+            continue
+        seen.add((row["lane"], group))
+        size = a.get("starttrace.dist.group_size")
+        by_group.setdefault(group, []).append(
+            (row["end"], row["start"], lanes[row["lane"]], size if isinstance(size, int) else 0)
+        )
     points: list[_Point] = []
     for events in by_group.values():
         events.sort()
@@ -281,7 +305,9 @@ def _shifted(span: Span, offset: int, in_place: bool = False) -> Span:
     )
 
 
-def _shifted_process(process: Process, clock: DomainClock, in_place: bool = False) -> Process:
+def _shifted_process(process: Process, clock: DomainClock) -> Process:
+    """The process with its clock's offset recorded on its resource and its own times shifted (its
+    spans are shifted in the table: `shifted`)."""
     resource = dict(process.resource)
     resource[ATTR_METHOD] = clock.method
     resource[ATTR_OFFSET] = clock.offset_ns
@@ -290,18 +316,9 @@ def _shifted_process(process: Process, clock: DomainClock, in_place: bool = Fals
     offset = clock.offset_ns
     if not offset:
         return dataclasses.replace(process, resource=resource)
-    if in_place:
-        for span in process.spans:  # the hot loop of a big run: no call per span
-            span.start_ns -= offset
-            if span.end_ns is not None:
-                span.end_ns -= offset
-        spans = process.spans
-    else:
-        spans = [_shifted(s, offset) for s in process.spans]
     return dataclasses.replace(
         process,
         resource=resource,
-        spans=spans,
         created_ns=process.created_ns - offset if process.created_ns else 0,
         activated_ns=process.activated_ns - offset if process.activated_ns else 0,
     )

@@ -23,16 +23,25 @@ carry the same accounting attributes), so a Collector can send full detail to th
 service and only the marked spans to Jaeger and Tempo (deploy/otel-collector.yaml).
 
 Pure functions over the run type: no I/O, no environment (views/export.py reads the settings).
+Table operations over the run's span table first: what is kept whatever the budget, the depths and
+the ranked candidates are filters, sorts and joins; the nearest kept ancestor of every dropped span
+is a climb of joins. Plain Python walks only the few rows a budget takes (each process's longest
+imports, with a missing ancestor only in bad input: a child longer than its parent).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import polars as pl
+
+from starttrace.analysis.model import NAME_PHASES
 from starttrace.analysis.phases import phase_of
-from starttrace.run import Process, Run, Span
+from starttrace.run import Run, Span, decode_attrs, empty_spans, spans_table
 
 SUMMARY_ATTR = "starttrace.summary"
 DROPPED_COUNT_ATTR = "starttrace.summary.dropped_imports"
@@ -56,147 +65,205 @@ def is_import(span: Span) -> bool:
     return phase_of(span.name, span.attrs) == "import"
 
 
-def _duration(span: Span) -> int:
-    return max(0, (span.end_ns if span.end_ns is not None else span.start_ns) - span.start_ns)
+def import_expr() -> pl.Expr:
+    """`is_import` over a span table: its `phase` column, else the phase its name gives."""
+    by_name = ~pl.col("name").is_in(list(NAME_PHASES)) & pl.col("name").str.starts_with("import ")
+    return pl.when(pl.col("phase").is_not_null()).then(pl.col("phase") == "import").otherwise(by_name)
 
 
-class _Tree:
-    """Parents by span id over the whole run (a process span's parent lives in another process)."""
+def _rows(run: Run) -> pl.DataFrame:
+    """Every span of the run (root spans first, lane null), with what the selection reads of it."""
+    roots = spans_table(("", s) for s in run.root_spans).with_columns(pl.lit(None, pl.String).alias("lane"))
+    table = pl.concat([roots, run.spans]) if run.root_spans else run.spans
+    return table.select(
+        "lane",
+        "span_id",
+        "parent_id",
+        "start",
+        import_expr().fill_null(False).alias("imp"),
+        (pl.col("in_progress").fill_null(False) | pl.col("end").is_null()).alias("open"),
+        (pl.coalesce("end", "start") - pl.col("start")).clip(lower_bound=0).alias("dur"),
+    )
 
-    def __init__(self, run: Run) -> None:
-        self.spans: dict[str, Span] = {}
-        for _, span in run.all_spans():
-            self.spans.setdefault(span.span_id, span)
-        self._depth: dict[str, int] = {}
 
-    def parent(self, span: Span) -> Span | None:
-        if not span.parent_id or span.parent_id == span.span_id:
-            return None
-        return self.spans.get(span.parent_id)
-
-    def depth(self, span: Span) -> int:
-        """Ancestors of `span` in the run (0: a root); a cycle in bad input counts as a root."""
-        chain: list[Span] = []
-        seen: set[str] = set()
-        node: Span | None = span
-        while node is not None and node.span_id not in self._depth and node.span_id not in seen:
-            seen.add(node.span_id)
-            chain.append(node)
-            node = self.parent(node)
-        base = self._depth[node.span_id] if node is not None and node.span_id in self._depth else -1
-        for item in reversed(chain):
-            base += 1
-            self._depth[item.span_id] = base
-        return self._depth[span.span_id]
-
-    def missing_ancestors(self, span: Span, kept: set[str]) -> list[Span]:
-        """The ancestors of `span` not in `kept`, up to the first kept one."""
-        out: list[Span] = []
-        seen = {span.span_id}
-        node = self.parent(span)
-        while node is not None and node.span_id not in kept and node.span_id not in seen:
-            seen.add(node.span_id)
-            out.append(node)
-            node = self.parent(node)
-        return out
+def _tree(rows: pl.DataFrame) -> pl.DataFrame:
+    """span_id -> parent (the first span of an id; no parent where it names none, itself, or a span
+    not in the run) and depth (ancestors in the run, 0: a root; 0 for spans on a cycle in bad input)."""
+    tree = rows.select("span_id", "parent_id").unique("span_id", keep="first", maintain_order=True)
+    tree = tree.with_columns(
+        pl.when((pl.col("parent_id") != pl.col("span_id")) & pl.col("parent_id").is_in(tree["span_id"].implode())).then(
+            pl.col("parent_id")
+        )
+    )
+    tree = tree.with_columns(pl.when(pl.col("parent_id").is_null()).then(pl.lit(0, pl.Int64)).alias("depth"))
+    for d in range(1, _MAX_DEPTH):
+        above = tree.filter(pl.col("depth") == d - 1)["span_id"].implode()
+        reached = pl.col("depth").is_null() & pl.col("parent_id").is_in(above)
+        if not tree.select(reached.any()).item():
+            break
+        tree = tree.with_columns(pl.when(reached).then(pl.lit(d, pl.Int64)).otherwise(pl.col("depth")).alias("depth"))
+    return tree.with_columns(pl.col("depth").fill_null(0))
 
 
 def summary_selection(run: Run, import_budget: int = DEFAULT_IMPORT_BUDGET) -> Selection:
     """The summary set of `run` (see the module text)."""
     if import_budget < 0:
         raise ValueError(f"the import budget must be >= 0, not {import_budget}")
-    tree = _Tree(run)
-    kept: set[str] = set()
-    owner: dict[str, int] = {}  # span id -> index of its process (the budget it counts against)
-    for index, process in enumerate(run.processes):
-        for span in process.spans:
-            owner.setdefault(span.span_id, index)
-    used = [0] * len(run.processes)  # imports kept per process whatever the budget
-    for _, span in run.all_spans():
-        if not is_import(span):
-            kept.add(span.span_id)
-        elif span.open:
-            kept.add(span.span_id)
-            if span.span_id in owner:
-                used[owner[span.span_id]] += 1
-    for span_id in list(kept):  # ancestors of what is kept whatever the budget
-        for ancestor in tree.missing_ancestors(tree.spans[span_id], kept):
-            kept.add(ancestor.span_id)
-            if ancestor.span_id in owner:
-                used[owner[ancestor.span_id]] += 1
-    for index, process in enumerate(run.processes):
-        _fill_budget(process, tree, kept, import_budget - used[index])
-    extra, dropped = _accounting(run, tree, kept)
+    rows = _rows(run)
+    tree = _tree(rows)
+    lanes = [p.instance_id for p in run.processes]
+    # what is kept whatever the budget: every non-import span and every open import
+    forced = rows.filter(~pl.col("imp") | pl.col("open"))
+    kept: set[str] = set(forced["span_id"].to_list())
+    used = dict.fromkeys(lanes, 0)  # imports kept per process whatever the budget
+    for lane, n in forced.filter(pl.col("imp") & pl.col("lane").is_not_null()).group_by("lane").len().iter_rows():
+        if lane in used:
+            used[lane] += n
+    # the walks below climb only through spans not kept: closed imports (the rest is kept)
+    closed = rows.filter(pl.col("imp") & ~pl.col("open")).unique("span_id", keep="first", maintain_order=True)
+    closed = closed.join(tree.select("span_id", pl.col("parent_id").alias("up"), "depth"), on="span_id", how="left")
+    up: dict[str, str | None] = dict(zip(closed["span_id"].to_list(), closed["up"].to_list(), strict=True))
+    owner: dict[str, str | None] = dict(zip(closed["span_id"].to_list(), closed["lane"].to_list(), strict=True))
+
+    def missing(parent: str | None, seen: str) -> list[str]:
+        """The ancestors not kept above a span whose parent is `parent`, up to the first kept one."""
+        out: list[str] = []
+        node = parent
+        while node is not None and node not in kept and node in up and node != seen and node not in out:
+            out.append(node)
+            node = up[node]
+        return out
+
+    forced_parents = forced.join(tree.select("span_id", pl.col("parent_id").alias("up")), on="span_id", how="left")
+    for span_id, parent in forced_parents.select("span_id", "up").iter_rows():  # their ancestors, whatever the budget
+        for ancestor in missing(parent, span_id):
+            kept.add(ancestor)
+            lane = owner.get(ancestor)
+            if lane in used:
+                used[lane] += 1
+    # per process, its longest imports while they fit, each with its missing ancestors
+    budgets = pl.DataFrame(
+        {"lane": lanes, "budget": [import_budget - used[lane] for lane in lanes]},
+        schema={"lane": pl.String, "budget": pl.Int64},
+    ).unique("lane", keep="first")
+    candidates = (
+        closed.filter(~pl.col("span_id").is_in(list(kept)))
+        .join(budgets.filter(pl.col("budget") > 0), on="lane")
+        .sort(["lane", "dur", "depth", "start", "span_id"], descending=[False, True, False, False, False])
+        .with_columns(pl.int_range(pl.len()).over("lane").alias("k"))
+    )
+    head = candidates.filter(pl.col("k") < pl.col("budget"))  # all a budget takes, unless a chain does not fit
+    for (lane,), part in head.partition_by("lane", as_dict=True, maintain_order=True).items():
+        budget = int(part["budget"][0])
+
+        def ranked(lane: Any = lane, part: pl.DataFrame = part) -> Iterator[tuple[str, str | None]]:
+            yield from part.select("span_id", "up").iter_rows()
+            rest = candidates.filter((pl.col("lane") == lane) & (pl.col("k") >= pl.col("budget")))
+            yield from rest.select("span_id", "up").iter_rows()
+
+        for span_id, parent in ranked():
+            if span_id in kept:
+                continue  # taken already as the ancestor of a shorter one (bad input: child longer)
+            chain = missing(parent, span_id)
+            if 1 + len(chain) > budget:
+                continue
+            kept.add(span_id)
+            kept.update(chain)
+            budget -= 1 + len(chain)
+            if budget == 0:
+                break
+    extra, dropped = _accounting(run, rows, tree, kept)
     return Selection(frozenset(kept), extra, dropped)
 
 
-def _fill_budget(process: Process, tree: _Tree, kept: set[str], budget: int) -> None:
-    """Keep the process's longest imports (each with its missing ancestors) while they fit."""
-    if budget <= 0:
-        return
-    candidates = [s for s in process.spans if s.span_id not in kept and is_import(s)]
-    candidates.sort(key=lambda s: (-_duration(s), tree.depth(s), s.start_ns, s.span_id))
-    for span in candidates:
-        if span.span_id in kept:
-            continue  # taken already as the ancestor of a shorter one (bad input: child longer)
-        chain = tree.missing_ancestors(span, kept)
-        if 1 + len(chain) > budget:
-            continue
-        kept.add(span.span_id)
-        kept.update(a.span_id for a in chain)
-        budget -= 1 + len(chain)
-        if budget == 0:
-            return
-
-
-def _accounting(run: Run, tree: _Tree, kept: set[str]) -> tuple[dict[str, dict[str, Any]], int]:
+def _accounting(
+    run: Run, rows: pl.DataFrame, tree: pl.DataFrame, kept: set[str]
+) -> tuple[dict[str, dict[str, Any]], int]:
     """Per kept span: how many imports below it were dropped, and the seconds of the dropped
     subtrees directly under it (they are siblings, so their seconds do not overlap on one thread).
     A dropped span without a kept ancestor (its parent is not in the run) is accounted on its
-    process's `process` span, else on the run's root span."""
-    counts: dict[str, int] = {}
-    seconds: dict[str, int] = {}
-    nearest: dict[str, str | None] = {}  # dropped span id -> the kept span it is accounted on
+    process's `process` span, else on the run's root span. The nearest kept ancestor of every
+    dropped span is found by climbing the tree one join per level."""
+    kept_list = list(kept)
+    dropped_rows = rows.filter(~pl.col("span_id").is_in(kept_list))
+    if not dropped_rows.height:
+        return {}, 0
     root = run.root_spans[0].span_id if run.root_spans else None
-    dropped = 0
-    for process, span in run.all_spans():
-        if span.span_id in kept:
-            continue
-        dropped += 1
-        fallback = process.process_span_id if process is not None and process.process_span_id in kept else root
-        target = _nearest_kept(span, tree, kept, nearest, fallback)
-        if target is None:
-            continue
-        counts[target] = counts.get(target, 0) + 1
-        parent = tree.parent(span)
-        if parent is None or parent.span_id in kept:  # the head of a dropped subtree
-            seconds[target] = seconds.get(target, 0) + _duration(span)
+    own = {p.instance_id: p.process_span_id for p in run.processes if p.process_span_id in kept}
+    parents = tree.select("span_id", "parent_id")
+    state = (
+        dropped_rows.with_row_index("row")
+        .join(parents.rename({"parent_id": "cur"}), on="span_id", how="left")
+        .select(
+            "row",
+            "dur",
+            pl.col("cur").is_null().alias("head") | pl.col("cur").is_in(kept_list),
+            "cur",
+            pl.col("lane").replace_strict(own, default=root, return_dtype=pl.String).alias("fallback"),
+        )
+    )
+    done: list[pl.DataFrame] = []
+    for _ in range(int(tree["depth"].max() or 0) + 2):
+        hit = pl.col("cur").is_in(kept_list)
+        stop = hit | pl.col("cur").is_null()
+        done.append(state.filter(stop).select("row", "dur", "head", pl.when(hit).then("cur").otherwise("fallback")))
+        state = state.filter(~stop)
+        if not state.height:
+            break
+        state = state.join(parents, left_on="cur", right_on="span_id", how="left").select(
+            "row", "dur", "head", pl.col("parent_id").alias("cur"), "fallback"
+        )
+    done.append(state.select("row", "dur", "head", pl.col("fallback").alias("cur")))  # a cycle in bad input
+    targets = pl.concat([d.rename({d.columns[-1]: "target"}) for d in done]).filter(pl.col("target").is_not_null())
+    sums = targets.group_by("target", maintain_order=True).agg(
+        pl.len().alias("n"), pl.col("dur").filter(pl.col("head")).sum().alias("ns")
+    )
     extra = {
-        sid: {DROPPED_COUNT_ATTR: n, DROPPED_SECONDS_ATTR: round(seconds.get(sid, 0) / 1e9, 6)}
-        for sid, n in counts.items()
+        sid: {DROPPED_COUNT_ATTR: n, DROPPED_SECONDS_ATTR: round((ns or 0) / 1e9, 6)} for sid, n, ns in sums.iter_rows()
     }
-    return extra, dropped
+    return extra, dropped_rows.height
 
 
-def _nearest_kept(
-    span: Span, tree: _Tree, kept: set[str], nearest: dict[str, str | None], fallback: str | None
-) -> str | None:
-    chain: list[str] = []
-    node: Span | None = span
-    target = fallback
-    while node is not None and len(chain) < _MAX_DEPTH:
-        if node.span_id in nearest:
-            target = nearest[node.span_id]
-            break
-        chain.append(node.span_id)
-        parent = tree.parent(node)
-        if parent is not None and parent.span_id in kept:
-            target = parent.span_id
-            break
-        node = parent
-    for span_id in chain:
-        nearest[span_id] = target
-    return target
+def _marked(table: pl.DataFrame, selection: Selection) -> pl.DataFrame:
+    """The table with the summary mark and the accounting attributes in the kept rows' attributes
+    (JSON text: the keys appended, so they win as `{**attrs, ...}` would; a kept row with OTLP bytes
+    has its attributes decoded first, alone, into JSON text)."""
+    kept = pl.col("span_id").is_in(list(selection.kept))
+    table = table.with_row_index("_i")
+    pb = table.filter(kept & pl.col("attrs_pb").is_not_null()).select("_i", "attrs_pb")
+    if pb.height:
+        texts = [json.dumps(decode_attrs(None, raw), default=str) for raw in pb["attrs_pb"].to_list()]
+        table = (
+            table.join(
+                pb.select("_i", pl.Series("_text", texts, pl.String)), on="_i", how="left", maintain_order="left"
+            )
+            .with_columns(
+                pl.coalesce("_text", "attrs").alias("attrs"),
+                pl.when(pl.col("_text").is_null()).then(pl.col("attrs_pb")).alias("attrs_pb"),
+            )
+            .drop("_text")
+        )
+    extra = pl.DataFrame(
+        {
+            "span_id": list(selection.extra),
+            "_extra": [
+                "".join(f",{json.dumps(k)}:{json.dumps(v)}" for k, v in e.items()) for e in selection.extra.values()
+            ],
+        },
+        schema={"span_id": pl.String, "_extra": pl.String},
+    )
+    body = pl.col("attrs").str.strip_chars().str.strip_suffix("}")
+    suffix = pl.lit(f",{json.dumps(SUMMARY_ATTR)}:true") + pl.col("_extra").fill_null("")
+    marked = (
+        pl.when(body.is_null() | (body.str.strip_chars() == "{"))
+        .then(pl.lit("{") + suffix.str.slice(1) + pl.lit("}"))
+        .otherwise(body + suffix + pl.lit("}"))
+    )
+    return (
+        table.join(extra, on="span_id", how="left", maintain_order="left")
+        .with_columns(pl.when(kept).then(marked).otherwise(pl.col("attrs")).alias("attrs"))
+        .drop("_i", "_extra")
+    )
 
 
 def apply_detail(run: Run, detail: str = DEFAULT_DETAIL, import_budget: int = DEFAULT_IMPORT_BUDGET) -> Run:
@@ -205,17 +272,13 @@ def apply_detail(run: Run, detail: str = DEFAULT_DETAIL, import_budget: int = DE
     if detail not in DETAILS:
         raise ValueError(f"unknown detail {detail!r}; one of {', '.join(DETAILS)}")
     selection = summary_selection(run, import_budget)
-    keep_all = detail == "full"
-
-    def spans(items: list[Span]) -> list[Span]:
-        out = []
-        for span in items:
-            if span.span_id in selection.kept:
-                attrs = {**span.attrs, SUMMARY_ATTR: True, **selection.extra.get(span.span_id, {})}
-                out.append(dataclasses.replace(span, attrs=attrs))
-            elif keep_all:
-                out.append(span)
-        return out
-
-    processes = [dataclasses.replace(p, spans=spans(p.spans)) for p in run.processes]
-    return dataclasses.replace(run, processes=processes, root_spans=spans(run.root_spans))
+    table = run.spans if detail == "full" else run.spans.filter(pl.col("span_id").is_in(list(selection.kept)))
+    root_spans = []
+    for span in run.root_spans:
+        if span.span_id in selection.kept:
+            attrs = {**span.attrs, SUMMARY_ATTR: True, **selection.extra.get(span.span_id, {})}
+            root_spans.append(dataclasses.replace(span, attrs=attrs))
+        elif detail == "full":
+            root_spans.append(span)
+    spans = _marked(table, selection) if table.height else empty_spans()
+    return dataclasses.replace(run, spans=spans, root_spans=root_spans)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from starttrace.run import Process, Run
+import polars as pl
+
+from starttrace.run import Process, Run, decode_attrs
 
 TOLERANCE_NS = 20_000_000  # the two copies wrap one call: they differ by the wrappers' own time
 
@@ -27,37 +29,33 @@ def _ours(process: Process) -> bool:
 
 def without_vllm_copies(run: Run) -> Run:
     """`run` without vLLM's OTLP copies of journal spans (the same run when it has none); a process
-    left with no span is dropped."""
-    foreign = [p for p in run.processes if not _ours(p)]
+    left with no span is dropped. The copies are an anti-join of the foreign lanes' rows with the
+    flagged journal spans (same name, start and end within TOLERANCE_NS)."""
+    foreign = [p.instance_id for p in run.processes if not _ours(p)]
     if not foreign:
         return run
-    flagged: dict[str, list[tuple[int, int | None]]] = {}
-    for p in run.processes:
-        if not _ours(p):
-            continue
-        for s in p.spans:
-            name = s.name
-            # vLLM's mark names are capitalised ("Load weights"); read attributes of those only
-            if name[:1].isupper() and s.attrs is not None and s.attrs.get("starttrace.vllm.otlp") is True:
-                flagged.setdefault(name, []).append((s.start_ns, s.end_ns))
-    if not flagged:
+    table = run.spans.with_row_index("_row")
+    ours = table.filter(~pl.col("lane").is_in(foreign))
+    # vLLM's mark names are capitalised ("Load weights"): attributes of those only are decoded
+    marks = ours.filter(pl.col("name").str.contains(r"^\p{Lu}")).select("name", "start", "end", "attrs", "attrs_pb")
+    flagged_rows = [
+        (name, start, end)
+        for name, start, end, text, raw in marks.iter_rows()
+        if decode_attrs(text, raw).get("starttrace.vllm.otlp") is True
+    ]
+    if not flagged_rows:
         return run
-    processes = []
-    changed = False
-    for p in run.processes:
-        if _ours(p):
-            processes.append(p)
-            continue
-        kept = [s for s in p.spans if not _is_copy(s.name, s.start_ns, s.end_ns, flagged)]
-        if len(kept) != len(p.spans):
-            changed = True
-        if kept:
-            processes.append(p if len(kept) == len(p.spans) else dataclasses.replace(p, spans=kept))
-    return dataclasses.replace(run, processes=processes) if changed else run
-
-
-def _is_copy(name: str, start: int, end: int | None, flagged: dict[str, list[tuple[int, int | None]]]) -> bool:
-    for a, b in flagged.get(name, ()):
-        if abs(start - a) <= TOLERANCE_NS and (end is None or b is None or abs(end - b) <= TOLERANCE_NS):
-            return True
-    return False
+    flagged = pl.DataFrame(
+        flagged_rows, schema={"name": pl.String, "f_start": pl.Int64, "f_end": pl.Int64}, orient="row"
+    )
+    candidates = table.filter(pl.col("lane").is_in(foreign)).select("_row", "name", "start", "end")
+    close = ((pl.col("start") - pl.col("f_start")).abs() <= TOLERANCE_NS) & (
+        pl.col("end").is_null() | pl.col("f_end").is_null() | ((pl.col("end") - pl.col("f_end")).abs() <= TOLERANCE_NS)
+    )
+    copies = candidates.join(flagged, on="name").filter(close).select("_row").unique()
+    if not copies.height:
+        return run
+    spans = table.join(copies, on="_row", how="anti").sort("_row").drop("_row")
+    left = set(spans.filter(pl.col("lane").is_in(foreign))["lane"].unique().to_list())
+    processes = [p for p in run.processes if _ours(p) or p.instance_id in left]
+    return dataclasses.replace(run, processes=processes, spans=spans)

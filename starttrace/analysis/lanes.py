@@ -384,7 +384,9 @@ def _lane_facts(model: RunModel, run_ready: int | None) -> None:
     )
     proc_of = dict(proc_rows.iter_rows())
     proc_idx = pl.Series(list(proc_of.values()), dtype=pl.Int64)
-    work = frame.filter(~pl.col("phase").is_in(list(STRUCTURAL_PHASES)) & ~pl.col("idx").is_in(proc_idx.implode()))
+    work = frame.select(
+        "idx", "lane", "parent", "name", "phase", "module", "start", "eff_end", "duration", "in_progress", "instant"
+    ).filter(~pl.col("phase").is_in(list(STRUCTURAL_PHASES)) & ~pl.col("idx").is_in(proc_idx.implode()))  # fmt: skip
     own_ready = dict(
         work.filter((pl.col("phase") == "ready") | (pl.col("name") == "ready"))
         .group_by("lane")
@@ -401,7 +403,10 @@ def _lane_facts(model: RunModel, run_ready: int | None) -> None:
         )
     extent = {
         lane: (lo, hi)
-        for lane, lo, hi in frame.group_by("lane").agg(pl.col("start").min(), pl.col("eff_end").max()).iter_rows()
+        for lane, lo, hi in frame.select("lane", "start", "eff_end")
+        .group_by("lane")
+        .agg(pl.col("start").min(), pl.col("eff_end").max())
+        .iter_rows()
     }
     for lane in model.lanes:
         i = lane.index
@@ -433,9 +438,17 @@ def _lane_facts(model: RunModel, run_ready: int | None) -> None:
         schema={"lane": pl.Int32, "w_start": pl.Int64, "w_end": pl.Int64},
         orient="row",
     )
+    w_start = {ln.index: ln.start for ln in model.lanes}
+    w_end = {ln.index: ln.end for ln in model.lanes}
     clipped = (
         timed.filter(~contained)
-        .join(windows, on="lane")
+        .select(
+            "lane",
+            "start",
+            "eff_end",
+            pl.col("lane").replace_strict(w_start, return_dtype=pl.Int64).alias("w_start"),
+            pl.col("lane").replace_strict(w_end, return_dtype=pl.Int64).alias("w_end"),
+        )
         .filter(pl.col("eff_end") > pl.col("w_start"))
         .select(
             "lane",

@@ -18,25 +18,40 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import polars as pl
+
 from starttrace.run import Process, Run, journal_cut
 
 
-def ending(process: Process) -> tuple[str | None, bool]:
-    """(`lost` (journal cut short) | `killed` (dead, no exit recorded) | None, dead)."""
-    own = process.process_span
-    still_open = own is None or own.open
+def ending(process: Process, still_open: bool) -> tuple[str | None, bool]:
+    """(`lost` (journal cut short) | `killed` (dead, no exit recorded) | None, dead); `still_open`:
+    the process's `process` span is open or missing (`open_process_spans`)."""
     dead = bool(process.exited) or process.alive is False
     if still_open and journal_cut(process.warnings or []) is not None:
         return "lost", dead
     return ("killed" if dead and still_open else None), dead
 
 
+def open_process_spans(run: Run) -> set[str]:
+    """The lanes whose `process` span is still open or missing (one filter of the span table)."""
+    own = pl.DataFrame(
+        [(p.instance_id, p.process_span_id) for p in run.processes if p.process_span_id],
+        schema={"lane": pl.String, "span_id": pl.String},
+        orient="row",
+    )
+    closed = run.spans.join(own, on=["lane", "span_id"]).filter(
+        pl.col("end").is_not_null() & ~pl.col("in_progress").fill_null(False)
+    )
+    return {p.instance_id for p in run.processes} - set(closed["lane"].to_list())
+
+
 def dead_lanes(run: Run, lanes_by_id: dict[str, Any]) -> dict[int, tuple[Any, str]]:
     """The lanes of killed or lost processes (by id of the Lane), each with why. Every dead
     process's lane is marked exited, and a killed or lost one says why in its warnings."""
     out: dict[int, tuple[Any, str]] = {}
+    still_open = open_process_spans(run)
     for p in run.processes:
-        why, dead = ending(p)
+        why, dead = ending(p, p.instance_id in still_open)
         lane = lanes_by_id[p.instance_id]
         if dead:
             lane.exited = True
@@ -77,15 +92,19 @@ def end_open_spans(ended: dict[int, tuple[Any, str]], nodes: list[Any]) -> None:
 
 def run_status(run: Run) -> str:
     """The run's status as the model gives it (`lanes._status`, with `dead_lanes`)."""
-    if any(s.name == "ready" for p in run.processes for s in p.spans):
+    spans = run.spans
+    if spans.select((pl.col("name") == "ready").any()).item():
         return "ready"
-    ids = {s.span_id for p in run.processes for s in p.spans}
-    roots = [s for s in run.root_spans if s.name == "startup"] or [
-        s for p in run.processes for s in p.spans if s.name == "startup" and s.parent_id not in ids
-    ]
-    if roots and all(not s.open for s in roots):
+    roots_open = [s.open for s in run.root_spans if s.name == "startup"]
+    if not roots_open:  # a source that keeps the root span in its process's lane
+        startup = spans.filter(pl.col("name") == "startup").join(
+            spans.select(pl.col("span_id").alias("parent_id")).unique(), on="parent_id", how="anti"
+        )
+        roots_open = (startup["in_progress"].fill_null(False) | startup["end"].is_null()).to_list()
+    if roots_open and not any(roots_open):
         return "finished"
-    states = [ending(p) for p in run.processes]
+    still_open = open_process_spans(run)
+    states = [ending(p, p.instance_id in still_open) for p in run.processes]
     if states and all(dead for _, dead in states):
         return ended_status([why for why, _ in states if why is not None]) or "exited"
     return "running"

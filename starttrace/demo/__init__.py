@@ -273,6 +273,7 @@ def _report(console: object, run_dir: Path) -> int:
 
 def _simple_report(console: object, run: object) -> None:
     """A per-process table when the analysis package is not available."""
+    import polars as pl
     from rich.console import Console
     from rich.table import Table
 
@@ -283,13 +284,17 @@ def _simple_report(console: object, run: object) -> None:
     for column in ("process", "role", "rank", "lane s", "top phases"):
         table.add_column(column)
     for process in run.processes:
-        own = process.process_span
+        own = run.process_span(process)
         lane = "" if own is None or own.end_ns is None else f"{(own.end_ns - own.start_ns) / 1e9:.2f}"
         phases: dict[str, int] = {}
-        for span in process.spans:
-            if own is not None and span.parent_id == own.span_id and span.end_ns is not None:
-                phase = str(span.attrs.get("starttrace.phase", span.name))
-                phases[phase] = phases.get(phase, 0) + span.end_ns - span.start_ns
+        if own is not None:  # the process span's children, by phase (else by name)
+            children = run.spans_of(process).filter((pl.col("parent_id") == own.span_id) & pl.col("end").is_not_null())
+            for phase, ns in (
+                children.group_by(pl.coalesce("phase", "name").alias("phase"))
+                .agg((pl.col("end") - pl.col("start")).sum())
+                .iter_rows()
+            ):
+                phases[phase] = ns
         top = ", ".join(f"{k} {v / 1e9:.1f}s" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])[:4])
         rank = "" if process.rank is None else str(process.rank)
         table.add_row(str(process.pid), process.role, rank, lane, top)

@@ -4,6 +4,10 @@ Everything here runs outside traced processes (CLI, exporter, service), so it ma
 Times are converted to epoch nanoseconds, parents are resolved across processes, and the
 `process` span of every lane ends where its startup ended (its own `ready`, its exit, or the
 run's `ready`), so every reader shows the same lanes.
+
+A journal is read line by line into `Span`s (the records are JSON lines: per-record work is
+inherent); the rules that join the journals (ends, parents, lane ends, self times) run over those,
+and the run's span table (`Run.spans`) is built once, at the end (`run.spans_table`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from starttrace.boot import default_journal_root, process_start_monotonic
-from starttrace.run import NOT_PYTHON, Link, Process, Run, Span, journal_cut
+from starttrace.run import NOT_PYTHON, Process, Run, Span, journal_cut, spans_table
 from starttrace.sources.journal_files import CLOCK_PREFIX, journal_files, journal_lines, parse_record
 from starttrace.sources.plausible import drop_implausible
 
@@ -250,6 +254,7 @@ def read_run(run_dir: Path) -> Run:
     root_ids = dict.fromkeys([root_span_id] + [str(j.record.get("root_span") or "") for _, j in parsed])
     root_spans = sorted((all_spans.pop(i) for i in root_ids if i in all_spans), key=lambda s: s.start_ns)
     processes: list[Process] = []
+    owned: list[tuple[Process, list[Span]]] = []  # each process with its spans (sorted by start)
     for path, journal in parsed:
         record = journal.record
         mono, epoch = int(record["anchor_mono"]), int(record["anchor_epoch"])
@@ -266,7 +271,6 @@ def read_run(run_dir: Path) -> Run:
             journal_path=path,
             resource=resource,
             process_span_id=process_span,
-            spans=sorted(spans, key=lambda s: s.start_ns),
             exited=exit_span is not None and exit_span.end_ns is not None,
             exit_code=exit_code if isinstance(exit_code, int) else None,
             warnings=journal.warnings,
@@ -277,20 +281,41 @@ def read_run(run_dir: Path) -> Run:
         )
         host = str(record.get("host", ""))
         process.alive = False if process.exited else process_alive(process.pid, created_mono, host)
+        owned.append((process, sorted(spans, key=lambda s: s.start_ns)))
         processes.append(process)
 
     _add_clock_states(run_dir, processes)
-    problems.extend(missing_problems(run_dir, processes))
-    _resolve_parents(processes, root_spans, all_spans, {root_span_id, *(s.span_id for s in root_spans)})
-    _end_process_lanes(processes, root_spans)
-    _import_self_times(processes)
-    for _, span in [(None, s) for s in root_spans] + [(p, s) for p in processes for s in p.spans]:
+    problems.extend(missing_problems(run_dir, owned))
+    _resolve_parents(owned, root_spans, all_spans, {root_span_id, *(s.span_id for s in root_spans)})
+    _end_process_lanes(owned, root_spans)
+    _import_self_times(owned)
+    for span in root_spans:
         span.in_progress = span.end_ns is None
-    processes.sort(key=lambda p: p.created_ns)
+    owned.sort(key=lambda item: item[0].created_ns)
+    processes = [p for p, _ in owned]
+    rows = ((p.instance_id, span) for p, spans in owned for span in spans)
     service = meta.get("service") if isinstance(meta.get("service"), str) else None
-    run = Run(run_id, trace_id, root_span_id, meta, processes, problems, root_spans, run_dir, service=service)
+    run = Run(
+        run_id,
+        trace_id,
+        root_span_id,
+        meta,
+        processes,
+        problems,
+        root_spans,
+        spans_table(rows),
+        run_dir,
+        service=service,
+    )
     drop_implausible(run)
     return run
+
+
+def _own_span(process: Process, spans: list[Span]) -> Span | None:
+    for span in spans:
+        if span.span_id == process.process_span_id:
+            return span
+    return None
 
 
 # a run folder's file system with less free than a journal's first segment: "the disk is full"
@@ -299,12 +324,13 @@ _PYTHON = re.compile(r"(^|/)(python|pypy)[0-9.]*[a-z]?$")
 _STARTING_NS = 5 * 10**9  # a child alive this soon after its launch may not have opened its journal yet
 
 
-def missing_problems(run_dir: Path, processes: list[Process]) -> list[str]:
+def missing_problems(run_dir: Path, owned: list[tuple[Process, list[Span]]]) -> list[str]:
     """What the run lacks, for its `problems`: every journal cut short (its own warning), and every
     child a traced process launched (`starttrace.child_pid` of a launch, fork or forkserver start)
     that has no journal, with the reason where the evidence gives one: the disk was full, it was
     killed (by signal N) or exited before tracing started in it, it is not a Python process."""
     out: list[str] = []
+    processes = [p for p, _ in owned]
     for p in processes:
         cut = journal_cut(p.warnings)
         if cut is not None:
@@ -313,8 +339,8 @@ def missing_problems(run_dir: Path, processes: list[Process]) -> list[str]:
     have = {(p.host, p.pid) for p in processes}
     exits: dict[tuple[str, int], int] = {}  # (host, pid) -> exit code a wait of the parent saw
     launched: dict[tuple[str, int], tuple[Process, Span]] = {}
-    for p in processes:
-        for span in p.spans:
+    for p, spans in owned:
+        for span in spans:
             child = span.attrs.get("starttrace.child_pid")
             if not isinstance(child, int) or isinstance(child, bool) or child <= 0:
                 continue
@@ -375,25 +401,26 @@ def _add_clock_states(run_dir: Path, processes: list[Process]) -> None:
 
 
 def _resolve_parents(
-    processes: list[Process], root_spans: list[Span], all_spans: dict[str, Span], root_ids: set[str]
+    owned: list[tuple[Process, list[Span]]], root_spans: list[Span], all_spans: dict[str, Span], root_ids: set[str]
 ) -> None:
     launches: dict[tuple[str, int], list[Span]] = {}
-    for process in processes:
-        for span in process.spans:
+    own_spans = {id(p): _own_span(p, spans) for p, spans in owned}
+    for process, spans in owned:
+        for span in spans:
             child = span.attrs.get("starttrace.child_pid")
             if span.name in LAUNCH_SPANS and isinstance(child, int):
                 launches.setdefault((process.clock_domain, child), []).append(span)
-    by_pid = {(p.clock_domain, p.pid): p for p in processes}  # pids repeat across hosts
+    by_pid = {(p.clock_domain, p.pid): p for p, _ in owned}  # pids repeat across hosts
     fallback_root = root_spans[0].span_id if root_spans else None
     node_roots = {  # the root span of each host's (clock domain's) tree
         p.clock_domain: own.parent_id
-        for p in processes
-        if (own := p.process_span) is not None
+        for p, _ in owned
+        if (own := own_spans[id(p)]) is not None
         and own.parent_id in root_ids
         and p.resource.get("starttrace.start_method") == "root"
     }
-    for process in processes:
-        own = process.process_span
+    for process, spans in owned:
+        own = own_spans[id(process)]
         if own is None:
             continue
         candidates = launches.get((process.clock_domain, process.pid), [])
@@ -409,33 +436,33 @@ def _resolve_parents(
                 own.parent_id = parent_process.process_span_id
             else:
                 own.parent_id = node_roots.get(process.clock_domain, fallback_root)
-        # A forkserver child hangs under the forkserver's fork; the requester's launch is a link.
+        # A forkserver child hangs under the forkserver's fork; the requester's launch is a link
+        # (the table's `launched_by` column).
         launch = next((s for s in requests if s.span_id != own.parent_id and s.name == "process.launch"), None)
         if launch is not None:
             own.attrs["starttrace.launched_by"] = launch.span_id
-            own.add_link(Link(launch.span_id, attrs={"starttrace.link": "launched_by"}))
-        ids = {s.span_id for s in process.spans}
-        for span in process.spans:
+        ids = {s.span_id for s in spans}
+        for span in spans:
             if span is own:
                 continue
             if span.parent_id not in ids and span.parent_id not in all_spans and span.parent_id not in root_ids:
                 span.parent_id = own.span_id
 
 
-def _end_process_lanes(processes: list[Process], root_spans: list[Span]) -> None:
+def _end_process_lanes(owned: list[tuple[Process, list[Span]]], root_spans: list[Span]) -> None:
     run_ready = None
-    for process in processes:
-        for span in process.spans:
+    for _, spans in owned:
+        for span in spans:
             if span.name == "ready":
                 run_ready = span.start_ns if run_ready is None else min(run_ready, span.start_ns)
     for root in root_spans if run_ready is not None else []:  # every node's root ends at the run's ready
         if root.end_ns is None or root.end_ns > run_ready:
             root.end_ns = max(run_ready, root.start_ns)
-    for process in processes:
-        own = process.process_span
+    for process, spans in owned:
+        own = _own_span(process, spans)
         if own is None:
             continue
-        ready = min((s.start_ns for s in process.spans if s.name in READY_SPANS), default=None)
+        ready = min((s.start_ns for s in spans if s.name in READY_SPANS), default=None)
         if ready is not None:
             own.end_ns = ready
             own.attrs["starttrace.ended_by"] = "ready"
@@ -446,13 +473,13 @@ def _end_process_lanes(processes: list[Process], root_spans: list[Span]) -> None
             own.attrs["starttrace.ended_by"] = "run_ready"
 
 
-def _import_self_times(processes: list[Process]) -> None:
-    for process in processes:
+def _import_self_times(owned: list[tuple[Process, list[Span]]]) -> None:
+    for _, spans in owned:
         children: dict[str, int] = {}
-        for span in process.spans:
+        for span in spans:
             if span.parent_id and span.end_ns is not None:
                 children[span.parent_id] = children.get(span.parent_id, 0) + (span.end_ns - span.start_ns)
-        for span in process.spans:
+        for span in spans:
             if span.end_ns is not None and span.attrs.get("starttrace.phase") == "import":
                 own = span.end_ns - span.start_ns - children.get(span.span_id, 0)
                 probes = span.attrs.get("starttrace.import.probe_ns")  # starttrace's own time, not the module's

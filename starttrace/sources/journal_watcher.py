@@ -4,14 +4,14 @@ Every `poll_s` the watcher looks at the files of each run folder; a run whose fi
 costs one `stat` per file (and, for a version 2 segment, a read of the byte after its last record:
 its size is fixed). A changed run is re-read with `starttrace.sources.journal_reader.read_run` (the reader
 resolves cross-process links, so a run is read as a whole), and only the spans that are new or
-changed since the last read (ended, new attributes, re-parented) are written to the store. A
+changed since the last read (ended, new attributes, re-parented: an anti-join of its span table with
+what was sent) are written to the store, as `ProcessBatch`es. A
 torchrun agent's first run, read before the agent moved into its launch's run, is dropped once
 that run names it and its folder is gone (probes/torchelastic.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -19,12 +19,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
+from starttrace.run import Run, spans_table
 from starttrace.sources.batches import IngestBatch, ProcessBatch, RunMeta, SpanTuple
 from starttrace.sources.store import Store
 
 log = logging.getLogger("starttrace.service")
 
 Signature = tuple[tuple[str, int, int], ...]
+
+# the span table's columns a batch sends, and those whose change makes a span worth sending again
+_ROW = (
+    "lane", "span_id", "parent_id", "name", "start", "end", "instant", "attrs", "error", "thread",
+    "phase", "module", "self_us", "launched_by",
+)  # fmt: skip
+_SIGNATURE = ["span_id", "end", "parent_id", "error", "attrs"]
 
 
 _USED: dict[str, dict[str, int]] = {}  # run folder -> journal file -> bytes in use (see _signature)
@@ -53,7 +63,7 @@ class JournalWatcher:
         self.retention_s = retention_s
         self.on_error = on_error
         self._signatures: dict[str, Signature] = {}
-        self._sent: dict[str, dict[str, tuple[Any, ...]]] = {}
+        self._sent: dict[str, pl.DataFrame] = {}  # run id -> the signatures of the spans sent (_SIGNATURE)
         self._running: dict[str, list[tuple[int, int, str]]] = {}  # run folder -> (pid, created, host) alive
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -141,44 +151,47 @@ class JournalWatcher:
             self._sent.pop(first, None)
             self._signatures.pop(str(self.root / first), None)
 
-    def _batch(self, run: Any) -> IngestBatch:
-        sent = self._sent.setdefault(run.run_id, {})
-        dumps = json.dumps
-        processes: list[ProcessBatch] = []
+    def _batch(self, run: Run) -> IngestBatch:
+        """The run's spans that are new or changed since the last read of it (an anti-join of its
+        span table with what was sent), as one ProcessBatch per process."""
         trace_id = run.trace_id or run.run_id
         roots = [p for p in run.processes if p.resource.get("starttrace.start_method") == "root"]
         root_proc = (roots or run.processes)[0] if run.processes else None
+        table = run.spans
+        if root_proc is not None and run.root_spans:  # the run's root spans go with its root process
+            table = pl.concat([table, spans_table((root_proc.instance_id, s) for s in run.root_spans)])
+        table = table.select(*_ROW)
+        previous = self._sent.get(run.run_id)
+        changed = table if previous is None else table.join(previous, on=_SIGNATURE, how="anti", nulls_equal=True)
+        self._sent[run.run_id] = table.select(_SIGNATURE)
+        rows = changed.select(
+            pl.lit(trace_id).alias("trace_id"),
+            "span_id",
+            "parent_id",
+            "name",
+            "start",
+            "end",
+            pl.col("end").is_null().cast(pl.Int64).alias("in_progress"),
+            pl.col("instant").fill_null(False).cast(pl.Int64),
+            "attrs",
+            "error",
+            "thread",
+            "phase",  # the column attributes, read once by the reader: the store need not parse attrs again
+            "module",
+            "self_us",
+            "launched_by",
+            "lane",
+        )
+        by_lane: dict[str, list[SpanTuple]] = {}
+        for row in rows.iter_rows():
+            by_lane.setdefault(row[-1], []).append(row[:-1])
+        processes: list[ProcessBatch] = []
         for p in run.processes:
-            rows: list[SpanTuple] = []
-            spans = list(p.spans)
-            if p is root_proc:
-                spans += list(run.root_spans)
-            for sp in spans:
-                attrs_json = dumps(sp.attrs, separators=(",", ":"), default=str) if sp.attrs else None
-                sig = (sp.end_ns, sp.parent_id, sp.error, attrs_json)
-                if sent.get(sp.span_id) == sig:
-                    continue
-                sent[sp.span_id] = sig
-                rows.append(
-                    (
-                        trace_id,
-                        sp.span_id,
-                        sp.parent_id,
-                        sp.name,
-                        sp.start_ns,
-                        sp.end_ns,
-                        1 if sp.end_ns is None else 0,
-                        1 if sp.instant else 0,
-                        attrs_json,
-                        sp.error,
-                        sp.thread,
-                    )
-                )
             processes.append(
                 ProcessBatch(
                     source="journal",
                     resource=dict(p.resource),
-                    spans=rows,
+                    spans=by_lane.pop(p.instance_id, []),  # popped: two journals of one lane send it once
                     run_id=run.run_id,
                     lane_id=p.instance_id,
                     info={

@@ -4,21 +4,19 @@ A span whose start (or end) lies far outside the run's window, e.g. `start_time_
 a broken exporter (1970), would stretch the run over decades: its startup, every metric and the
 waterfall's scale. The run's reference time is the median of its processes' latest span starts;
 a span more than WINDOW_NS before or after it is dropped from the run handed to the analysis
-(so no view or metric counts it) and named, with how many, in `problems`. A process's spans are
-sorted by start, so a process with nothing out of the window costs two comparisons and one pass
-over its ends.
+(so no view or metric counts it) and named, with how many, in `problems`: one filter over the
+run's span table (a run with nothing out of its window is left as it is).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import operator
 
-from starttrace.run import Run, Span
+import polars as pl
+
+from starttrace.run import Run
 
 WINDOW_NS = 7 * 86400 * 10**9  # a startup (or a watched live run) lasts far less than a week
-
-_END = operator.attrgetter("end_ns")
 
 
 def _when(ns: int) -> str:
@@ -28,29 +26,44 @@ def _when(ns: int) -> str:
         return f"{ns} ns"
 
 
+def _problem(label: str, n: int, name: str, at: int, ref: int) -> str:
+    return (
+        f"{label}: {n} span{'s' if n > 1 else ''} with implausible times left out"
+        f" (e.g. {name[:80]!r} at {_when(at)}; the run's spans are around {_when(ref)})"
+    )
+
+
 def drop_implausible(run: Run) -> None:
-    """Drop the spans of `run` whose times lie outside its window; say so in `run.problems`."""
-    latest = sorted(p.spans[-1].start_ns for p in run.processes if p.spans)
-    if not latest:
+    """Drop the spans of `run` whose times lie outside its window; say so in `run.problems`. The
+    run's span table is read in its order (lane by lane, each by start): a lane's first span out of
+    the window is the one named."""
+    spans = run.spans
+    if not spans.height:
         return
+    latest = sorted(spans.group_by("lane").agg(pl.col("start").max()).get_column("start").to_list())
     ref = latest[len(latest) // 2]
     lo, hi = ref - WINDOW_NS, ref + WINDOW_NS
-    groups: list[tuple[str, list[Span], bool]] = [(p.label(), p.spans, True) for p in run.processes]
-    groups.append(("the run", run.root_spans, False))
-    for label, spans, is_process in groups:
-        if not spans:
-            continue
-        if is_process and spans[0].start_ns >= lo and spans[-1].start_ns <= hi:
-            if max(filter(None, map(_END, spans)), default=0) <= hi:
-                continue
-        bad = [s for s in spans if not (lo <= s.start_ns <= hi) or (s.end_ns is not None and s.end_ns > hi)]
-        if not bad:
-            continue
-        keep = {id(s) for s in bad}
-        spans[:] = [s for s in spans if id(s) not in keep]
-        first = bad[0]
+    outside = (pl.col("start") < lo) | (pl.col("start") > hi) | (pl.col("end") > hi).fill_null(False)
+    bad = spans.filter(outside)
+    if bad.height:
+        firsts = {
+            lane: (n, name, start, end)
+            for lane, n, name, start, end in bad.group_by("lane", maintain_order=True)
+            .agg(pl.len(), pl.col("name").first(), pl.col("start").first(), pl.col("end").first())
+            .iter_rows()
+        }
+        for p in run.processes:
+            got = firsts.get(p.instance_id)
+            if got is not None:
+                n, name, start, end = got
+                at = start if not lo <= start <= hi else end or start
+                run.problems.append(_problem(p.label(), n, name, at, ref))
+        run.spans = spans.filter(~outside)
+    roots = run.root_spans
+    wrong = [s for s in roots if not (lo <= s.start_ns <= hi) or (s.end_ns is not None and s.end_ns > hi)]
+    if wrong:
+        keep = {id(s) for s in wrong}
+        roots[:] = [s for s in roots if id(s) not in keep]
+        first = wrong[0]
         at = first.start_ns if not lo <= first.start_ns <= hi else first.end_ns or first.start_ns
-        run.problems.append(
-            f"{label}: {len(bad)} span{'s' if len(bad) > 1 else ''} with implausible times left out"
-            f" (e.g. {first.name[:80]!r} at {_when(at)}; the run's spans are around {_when(ref)})"
-        )
+        run.problems.append(_problem("the run", len(wrong), first.name, at, ref))

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from starttrace.run import Run
 from starttrace.sources.store import Store
 
@@ -147,9 +149,11 @@ def join_runs(run: Run, others: list[Run], version: int) -> Run:
     processes = list(run.processes)
     root_spans = list(run.root_spans)
     problems = list(run.problems)
+    tables = [run.spans]
     for other in others:
         processes.extend(other.processes)
         root_spans.extend(other.root_spans)
+        tables.append(other.spans)
         problems.extend(p for p in other.problems if p not in problems)
     problems.append(
         f"joined with run(s) {', '.join(o.run_id for o in others)}: their nodes name the same rendezvous and ran"
@@ -158,7 +162,13 @@ def join_runs(run: Run, others: list[Run], version: int) -> Run:
     processes.sort(key=lambda p: (p.created_ns, p.instance_id))
     root_spans.sort(key=lambda s: s.start_ns)
     return dataclasses.replace(
-        run, processes=processes, root_spans=root_spans, meta=meta, problems=problems, version=version
+        run,
+        processes=processes,
+        root_spans=root_spans,
+        spans=pl.concat(tables),
+        meta=meta,
+        problems=problems,
+        version=version,
     )
 
 
@@ -170,8 +180,8 @@ SLACK_NS = 600 * 10**9  # how far a folder's own times (run.json, file mtimes) m
 
 def window(run: Run) -> tuple[int, int] | None:
     """(first, last) epoch ns of a run's spans, as the store keeps them (`runs.first_ns/last_ns`)."""
-    first = last = None
-    for span in [*run.root_spans, *(s for p in run.processes for s in p.spans)]:
+    first, last = run.spans.select(pl.col("start").min(), pl.coalesce("end", "start").max()).row(0)
+    for span in run.root_spans:
         end = span.end_ns if span.end_ns is not None else span.start_ns
         first = span.start_ns if first is None else min(first, span.start_ns)
         last = end if last is None else max(last, end)

@@ -9,8 +9,8 @@ import time
 from typing import Any
 
 from starttrace.analysis.detail import DEFAULT_DETAIL, DEFAULT_IMPORT_BUDGET, apply_detail
-from starttrace.run import Run, Span
-from starttrace.views.perfetto import sort_key
+from starttrace.run import Run, Span, span_of
+from starttrace.views.perfetto import lane_rows, sort_key
 
 
 def _tag(key: str, value: Any) -> dict[str, Any]:
@@ -45,12 +45,14 @@ def to_jaeger(
     spans: list[dict[str, Any]] = []
     root = run.root_process
     ordered = sorted(run.processes, key=sort_key)
+    by_lane = lane_rows(run)
     for index, process in enumerate(ordered, 1):
         key = f"p{index}"
         tags = [_tag(k, v) for k, v in process.resource.items() if k != "service.name"]
         service = process.resource.get("service.name") or run.service or "starttrace"
         processes[key] = {"serviceName": str(service), "tags": tags}
-        own = list(process.spans) + [s for s in run.root_spans if (run.root_owner(s) or root) is process]
+        own = [span_of(row) for row in by_lane.get(process.instance_id, ())]
+        own += [s for s in run.root_spans if (run.root_owner(s) or root) is process]
         spans.extend(_span(s, trace_id, key, now_ns) for s in own)
     if not run.processes and run.root_spans:
         processes["p1"] = {"serviceName": run.service or "starttrace", "tags": []}

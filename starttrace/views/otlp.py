@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import polars as pl
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -22,7 +23,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from starttrace import __version__
 from starttrace.analysis.detail import DEFAULT_DETAIL, DEFAULT_IMPORT_BUDGET, apply_detail
 from starttrace.boot import otlp_endpoint
-from starttrace.run import Process, Run, Span
+from starttrace.run import Process, Run, Span, span_of
 
 SCOPE = InstrumentationScope("starttrace", __version__)
 BATCH = 512
@@ -78,11 +79,16 @@ def to_readable_spans(
             result.append(
                 _readable(span, trace_id, Resource.create(_attributes(root_resource)), now_ns, parent_of_root)
             )
+    table = run.spans if only is None else run.spans.filter(pl.col("span_id").is_in(list(only)))
+    by_lane: dict[str, list[dict[str, Any]]] = {}
+    for row in table.iter_rows(named=True):
+        by_lane.setdefault(row["lane"], []).append(row)
     for process in run.processes:
+        rows = by_lane.get(process.instance_id, ())
+        if not rows:
+            continue
         resource = Resource.create(_attributes(process.resource))
-        for span in process.spans:
-            if only is None or span.span_id in only:
-                result.append(_readable(span, trace_id, resource, now_ns, None, process))
+        result.extend(_readable(span_of(row), trace_id, resource, now_ns, None, process) for row in rows)
     return result
 
 

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from starttrace.analysis.detail import DEFAULT_DETAIL, DEFAULT_IMPORT_BUDGET, apply_detail
-from starttrace.run import Process, Run, Span
+from starttrace.run import Process, Run, Span, span_of
 
 ROLE_ORDER = {"main": 0, "api_server": 1, "forkserver": 2, "engine_core": 3, "worker": 4, "helper": 5}
 RUN_TRACK_PID = 0
@@ -21,6 +21,14 @@ RUN_TRACK_PID = 0
 def sort_key(process: Process) -> tuple[int, int, int]:
     rank = process.rank if process.rank is not None else 1 << 20
     return ROLE_ORDER.get(process.role, 6), rank, process.created_ns
+
+
+def lane_rows(run: Run) -> dict[str, list[dict[str, Any]]]:
+    """The rows of the run's span table per lane (`iter_rows(named=True)`), in table order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in run.spans.iter_rows(named=True):
+        out.setdefault(row["lane"], []).append(row)
+    return out
 
 
 def _us(ns: int, t0: int) -> float:
@@ -40,6 +48,7 @@ def to_perfetto(
     for span in run.root_spans:
         events.extend(_slices([span], RUN_TRACK_PID, t0, now_ns))
     used: set[int] = set()
+    by_lane = lane_rows(run)
     several_hosts = len({p.clock_domain for p in run.processes}) > 1  # name each track's host too
     for index, process in enumerate(sorted(run.processes, key=sort_key), 1):
         pid = process.pid or 1_000_000 + index  # OTLP processes may carry no pid
@@ -50,7 +59,7 @@ def to_perfetto(
         events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": name}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": index}})
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": pid, "args": {"name": "main"}})
-        events.extend(_slices(process.spans, pid, t0, now_ns))
+        events.extend(_slices([span_of(row) for row in by_lane.get(process.instance_id, ())], pid, t0, now_ns))
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",

@@ -13,6 +13,7 @@ from typing import Any
 
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from run_spans import all_spans
 
 from starttrace.sources.journal_reader import Process, Run, Span
 from starttrace.views.otlp import export_run, to_otlp_json
@@ -28,7 +29,7 @@ def _expected(run: Run) -> dict[str, tuple[Process | None, Span, str]]:
     """span id -> (its process, the span, the parent id the export must carry ("" for none))."""
     incoming = run.meta.get("parent_span_id") or ""
     result: dict[str, tuple[Process | None, Span, str]] = {}
-    for process, span in run.all_spans():
+    for process, span in all_spans(run):
         assert span.span_id not in result, f"span id {span.span_id} twice in the run"
         parent = span.parent_id or (incoming if process is None else "")
         result[span.span_id] = (process, span, parent)
@@ -83,7 +84,7 @@ def test_cli_otlp_export_delivers_every_span_once(run_tree: Any, otlp_receiver: 
     assert run.path is not None
     proc = _starttrace(venv_python, "export", str(run.path), "--format", "otlp", "--endpoint", otlp_receiver.url)
     assert proc.returncode == 0, proc.stderr
-    total = len(run.all_spans())
+    total = len(all_spans(run))
     assert f"sent {total} spans" in proc.stderr
     received = otlp_receiver.wait_for_spans(total, timeout=10)
     _check_received(run, received)
@@ -92,7 +93,7 @@ def test_cli_otlp_export_delivers_every_span_once(run_tree: Any, otlp_receiver: 
 def test_sdk_exporter_through_export_run(run_tree: Any, otlp_receiver: Any) -> None:
     run = run_tree("--no-torch")
     sent = export_run(run, otlp_receiver.traces_url, timeout_s=10)
-    assert sent == len(run.all_spans())
+    assert sent == len(all_spans(run))
     _check_received(run, otlp_receiver.spans())
 
 
@@ -146,7 +147,7 @@ def test_otlp_json(run_tree: Any, venv_python: str, tmp_path: Path) -> None:
     assert document == to_otlp_json(run)  # the CLI writes exactly what the API builds
     assert len(document["resourceSpans"]) == len(run.processes), "one resource per process"
     spans = [s for rs in document["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
-    assert len(spans) == len(run.all_spans())
+    assert len(spans) == len(all_spans(run))
     int_values = 0
     for span in spans:
         assert _HEX32.match(span["traceId"]) and span["traceId"] == run.trace_id
@@ -212,8 +213,8 @@ def test_perfetto_structure(run_tree: Any, venv_python: str, tmp_path: Path) -> 
     events = document["traceEvents"]
     slices = [e for e in events if e["ph"] == "X"]
     instants = [e for e in events if e["ph"] == "i"]
-    assert len(slices) + len(instants) == len(run.all_spans())
-    assert {e["args"]["span_id"] for e in slices + instants} == {s.span_id for _, s in run.all_spans()}
+    assert len(slices) + len(instants) == len(all_spans(run))
+    assert {e["args"]["span_id"] for e in slices + instants} == {s.span_id for _, s in all_spans(run)}
     by_track: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for event in slices:
         assert event["ts"] >= 0 and event["dur"] >= 0, event

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from run_spans import all_spans, spans_of
 
 from starttrace.analysis.detail import DROPPED_COUNT_ATTR, SUMMARY_ATTR, apply_detail, is_import, summary_selection
 from starttrace.run import Run
@@ -47,18 +48,18 @@ def tree(tmp_path_factory: pytest.TempPathFactory, venv_python: str, clean_env: 
 
 
 def _ids(run: Run) -> set[str]:
-    return {s.span_id for _, s in run.all_spans()}
+    return {s.span_id for _, s in all_spans(run)}
 
 
 def test_real_tree_summary(tree: Path) -> None:
     run = read_run(tree)
     selection = summary_selection(run, BUDGET)
-    spans = {s.span_id: s for _, s in run.all_spans()}
+    spans = {s.span_id: s for _, s in all_spans(run)}
     assert len(selection.kept) < run.span_count(), "the tree has more imports than the budget keeps"
     for process in run.processes:
         assert process.process_span_id in selection.kept, process.label()
         forced = set()  # imports kept whatever the budget: open ones, ancestors of non-imports
-        for span in process.spans:
+        for span in spans_of(run, process):
             if is_import(span) and not span.open:
                 continue
             node = spans.get(span.parent_id or "")
@@ -66,7 +67,7 @@ def test_real_tree_summary(tree: Path) -> None:
                 if is_import(node):
                     forced.add(node.span_id)
                 node = spans.get(node.parent_id or "")
-        imports = [s for s in process.spans if is_import(s)]
+        imports = [s for s in spans_of(run, process) if is_import(s)]
         kept = [s for s in imports if s.span_id in selection.kept]
         assert len(kept) == min(len(imports), max(BUDGET, len(forced))), process.label()
     for span_id in selection.kept:

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from run_spans import all_spans
+
 from starttrace.sources.journal_reader import read_run
 
 
@@ -50,8 +52,8 @@ def test_run_is_exported_automatically(
     run_dir = only_run_dir(journal_root)
     follower_seen = bool(_followers(run_dir))
     run = read_run(run_dir)
-    expected = {span.span_id for _, span in run.all_spans()}
-    assert "import json" in {span.name for _, span in run.all_spans()}
+    expected = {span.span_id for _, span in all_spans(run)}
+    assert "import json" in {span.name for _, span in all_spans(run)}
     received = otlp_receiver.wait_for_spans(len(expected), timeout=15)
     assert {s.span_id for s in received} == expected, f"{len(received)} of {len(expected)} spans arrived"
     assert _wait_followers_gone(run_dir, 20), "the follower must exit once the run is exported"

@@ -29,6 +29,7 @@ from starttrace.sources.journal_reader import read_run
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))
 
+from run_spans import spans_of  # noqa: E402
 from st_service_helpers import free_port, start_server  # noqa: E402
 
 JOB = REPO / "examples" / "torchrun_job.py"
@@ -86,13 +87,14 @@ def test_both_agents_move_into_the_run_rank_0_published(
         assert agent.resource["starttrace.job.adopted"] == "c10d-store"
         assert agent.resource["starttrace.job.first_run_id"] == first
         assert agent.record["run"] == first, "the journal began in the first run and moved whole"
-        names = {s.name for s in agent.spans}
+        names = {s.name for s in spans_of(run, agent)}
         assert "python.init" in names and "import torch" in names, "what it recorded before the rendezvous"
-        assert all(s.end_ns is not None for s in agent.spans if s.name.startswith("import ")), "and after it"
+        assert all(s.end_ns is not None for s in spans_of(run, agent) if s.name.startswith("import ")), "and after it"
     for worker in workers:  # started after the adoption: in the run from their first record on
         assert worker.record["run"] == run.run_id and worker.record["trace"] == run.trace_id
         agent = next(a for a in agents if a.pid == worker.ppid)
-        assert worker.process_span is not None and worker.process_span.parent_id in {s.span_id for s in agent.spans}
+        own = run.process_span(worker)
+        assert own is not None and own.parent_id in {s.span_id for s in spans_of(run, agent)}
 
 
 def test_a_service_watching_live_drops_the_first_run(

@@ -9,6 +9,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import polars as pl
+from run_spans import spans_of
 from synth_multinode import make_multinode_run
 from synth_runs import MS, make_run, to_run
 
@@ -16,13 +18,14 @@ from starttrace.analysis.clocks import correct_clocks, estimate
 from starttrace.analysis.findings.common import short_name
 from starttrace.analysis.lanes import build_model
 from starttrace.analysis.nodes import node_rows
+from starttrace.run import Run
 from starttrace.views.json import to_json
 
 
-def _barrier_exits(run: object) -> dict[int, int]:
+def _barrier_exits(run: Run) -> dict[int, int]:
     out = {}
-    for p in run.processes:  # type: ignore[attr-defined]
-        for s in p.spans:
+    for p in run.processes:
+        for s in spans_of(run, p):
             if s.name == "dist.barrier":
                 out[p.rank] = s.end_ns
     return out
@@ -63,13 +66,13 @@ def test_causal_bounds_clamp_an_offset_the_exits_alone_would_get_wrong() -> None
     1 is 30 ms ahead. But its third rank left on time, and node 0's ranks entered only 5 ms before
     they left: no rank leaves before the last one entered, so node 1 is at most ~5 ms ahead."""
     run = to_run(make_multinode_run(nodes=2, ranks_per_node=3, skews_ns=[0, 0], exit_spread_ns=0))
-    for p in run.processes:
-        for s in p.spans:
-            if s.name == "dist.barrier":
-                if p.host == "node0":
-                    s.start_ns = s.end_ns - 5 * MS
-                elif p.resource["starttrace.local_rank"] > 0:
-                    s.end_ns += 30 * MS
+    node0 = [p.instance_id for p in run.processes if p.host == "node0"]
+    late = [p.instance_id for p in run.processes if p.host != "node0" and p.resource.get("starttrace.local_rank", 0)]
+    barrier = pl.col("name") == "dist.barrier"
+    run.spans = run.spans.with_columns(
+        pl.when(barrier & pl.col("lane").is_in(node0)).then(pl.col("end") - 5 * MS).otherwise("start").alias("start"),
+        pl.when(barrier & pl.col("lane").is_in(late)).then(pl.col("end") + 30 * MS).otherwise("end").alias("end"),
+    )
     _, other = estimate(run)
     lo, hi = other.bounds_ns
     assert lo is not None and hi is not None and lo <= other.offset_ns <= hi

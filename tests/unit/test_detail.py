@@ -5,9 +5,11 @@ and children longer than their parent included), and accounts for what it droppe
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import defaultdict
 
 import pytest
+from run_spans import all_spans, spans_of
 from synth_runs import make_run, to_run
 
 from starttrace.analysis.detail import (
@@ -18,18 +20,14 @@ from starttrace.analysis.detail import (
     is_import,
     summary_selection,
 )
-from starttrace.run import Process, Run, Span
+from starttrace.run import Process, Run, Span, spans_table
 from starttrace.views.export import detail_from_env, parse_import_budget
 
 MS = 1_000_000
 
 
 def _by_id(run: Run) -> dict[str, Span]:
-    return {s.span_id: s for _, s in run.all_spans()}
-
-
-def _owner(run: Run) -> dict[str, int]:
-    return {s.span_id: i for i, p in enumerate(run.processes) for s in p.spans}
+    return {s.span_id: s for _, s in all_spans(run)}
 
 
 def _dur(span: Span) -> int:
@@ -47,7 +45,7 @@ def _forced(run: Run) -> set[str]:
     """Import spans kept whatever the budget: open ones and ancestors of non-import spans."""
     spans = _by_id(run)
     out: set[str] = set()
-    for _, span in run.all_spans():
+    for _, span in all_spans(run):
         if is_import(span) and not span.open:
             continue
         node = spans.get(span.parent_id or "")
@@ -68,7 +66,7 @@ def big_run() -> Run:
 @pytest.mark.parametrize("budget", [0, 1, 7, 50, 300, 5000])
 def test_summary_keeps_non_imports_and_no_orphans(big_run: Run, budget: int) -> None:
     selection = summary_selection(big_run, budget)
-    for _, span in big_run.all_spans():
+    for _, span in all_spans(big_run):
         if not is_import(span):
             assert span.span_id in selection.kept, span.name
     assert_no_orphans(big_run, selection.kept)
@@ -80,7 +78,7 @@ def test_budget_per_process_and_longest_first(big_run: Run, budget: int) -> None
     selection = summary_selection(big_run, budget)
     forced = _forced(big_run)
     for process in big_run.processes:
-        imports = [s for s in process.spans if is_import(s)]
+        imports = [s for s in spans_of(big_run, process) if is_import(s)]
         kept = [s for s in imports if s.span_id in selection.kept]
         forced_here = [s for s in imports if s.span_id in forced]
         assert len(kept) <= max(budget, len(forced_here)), process.label()
@@ -99,7 +97,7 @@ def test_accounting_sums_right(big_run: Run) -> None:
     assert set(extra) <= selection.kept
     # seconds: the dropped subtrees that hang directly under a kept span, once each
     heads: dict[str, int] = defaultdict(int)
-    for _, span in big_run.all_spans():
+    for _, span in all_spans(big_run):
         if span.span_id not in selection.kept and span.parent_id in selection.kept:
             heads[span.parent_id] += _dur(span)  # type: ignore[index]
     for span_id, attrs in extra.items():
@@ -108,8 +106,8 @@ def test_accounting_sums_right(big_run: Run) -> None:
 
 
 def _tiny_run(spans: list[Span]) -> Run:
-    process = Process("p1", 10, 1, None, {"starttrace.role": "main"}, "proc", spans)
-    return Run("tiny", "ab" * 16, "", {}, [process], [], [])
+    process = Process("p1", 10, 1, None, {"starttrace.role": "main"}, "proc")
+    return Run("tiny", "ab" * 16, "", {}, [process], [], [], spans_table(("p1", s) for s in spans))
 
 
 def _imp(sid: str, parent: str | None, start: int, end: int) -> Span:
@@ -193,13 +191,14 @@ def test_apply_detail_full_marks_summary_keeps_only(big_run: Run) -> None:
     selection = summary_selection(big_run, 30)
     full = apply_detail(big_run, "full", 30)
     summary = apply_detail(big_run, "summary", 30)
-    assert big_run == before, "the run passed in is not changed"
+    assert big_run.spans.equals(before.spans), "the run passed in is not changed"
+    assert dataclasses.replace(big_run, spans=before.spans) == before
     assert full.span_count() == big_run.span_count()
-    marked = {s.span_id for _, s in full.all_spans() if s.attrs.get(SUMMARY_ATTR) is True}
+    marked = {s.span_id for _, s in all_spans(full) if s.attrs.get(SUMMARY_ATTR) is True}
     assert marked == selection.kept
-    assert all(SUMMARY_ATTR not in s.attrs for _, s in full.all_spans() if s.span_id not in marked)
-    assert {s.span_id for _, s in summary.all_spans()} == selection.kept
-    assert all(s.attrs[SUMMARY_ATTR] is True for _, s in summary.all_spans())
+    assert all(SUMMARY_ATTR not in s.attrs for _, s in all_spans(full) if s.span_id not in marked)
+    assert {s.span_id for _, s in all_spans(summary)} == selection.kept
+    assert all(s.attrs[SUMMARY_ATTR] is True for _, s in all_spans(summary))
     assert len(summary.processes) == len(big_run.processes)
     for span_id, attrs in selection.extra.items():
         assert _by_id(summary)[span_id].attrs[DROPPED_COUNT_ATTR] == attrs[DROPPED_COUNT_ATTR]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from run_spans import spans_of
 
 from starttrace.journal import JournalWriter, encode, quote
 from starttrace.sources.journal_files import journal_files, journal_lines
@@ -240,7 +241,7 @@ def test_reader_skips_malformed_middle_line_and_cut_last_line(tmp_path: Path) ->
     assert any("cut last" in p and "line 8" in p and journal in p for p in run.problems), run.problems
     assert len(run.problems) == 2, run.problems
     (process,) = run.processes
-    names = {s.name: s for s in process.spans}
+    names = {s.name: s for s in spans_of(run, process)}
     assert set(names) == {"process", "import json"}
     assert names["import json"].end_ns is not None
     assert names["import json"].duration_ns == 6_000
@@ -313,7 +314,7 @@ def test_traced_import_from_a_non_utf8_path_round_trips(
     (run_dir,) = journal_root.iterdir()
     run = read_run(run_dir)
     assert run.problems == []
-    (span,) = [s for s in run.processes[0].spans if s.name == "import weird_mod"]
+    (span,) = [s for s in spans_of(run, run.processes[0]) if s.name == "import weird_mod"]
     assert span.attrs["code.file.path"] == os.path.join(folder, "weird_mod.py")
     journals = journal_files(run_dir)
     assert journals
@@ -378,7 +379,7 @@ def test_traced_imports_with_newlines_and_spaces_in_paths_round_trip(
     (run_dir,) = journal_root.iterdir()
     run = read_run(run_dir)
     assert run.problems == []
-    spans = {s.name: s for s in run.processes[0].spans}
+    spans = {s.name: s for s in spans_of(run, run.processes[0])}
     assert spans["import spaced_mod"].attrs["code.file.path"] == str(spaced / "spaced_mod.py")
     assert spans["import broken_mod"].attrs["code.file.path"] == str(broken / "broken_mod.py")
     assert spans["import both_mod"].attrs["code.file.path"] == str(both / "both_mod.py")
@@ -386,7 +387,7 @@ def test_traced_imports_with_newlines_and_spaces_in_paths_round_trip(
     assert utils.attrs["starttrace.import.module"] == "email.utils" and utils.attrs["starttrace.phase"] == "import"
     assert utils.end_ns is not None and utils.end_ns >= utils.start_ns
     assert spans["import email"].span_id == utils.parent_id or any(
-        s.span_id == utils.parent_id for s in run.processes[0].spans
+        s.span_id == utils.parent_id for s in spans_of(run, run.processes[0])
     )
     lines = [raw for journal in journal_files(run_dir) for raw in journal_lines(journal)]
     assert any(raw.startswith(b"I") and raw.endswith(b" spaced_mod") for raw in lines)  # compact

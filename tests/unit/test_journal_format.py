@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from run_spans import spans_of
+
 from starttrace.follower import ReadyWatch
 from starttrace.journal import JournalWriter, encode
 from starttrace.sources.journal_files import (
@@ -73,9 +75,9 @@ def test_live_journal_with_a_zero_tail(tmp_path: Path) -> None:
     assert run.problems == []
     (process,) = run.processes
     assert process.journal_path.name == "1000-0000aaaa.0.journal"
-    assert len([s for s in process.spans if s.name.startswith("import ")]) == 30
-    assert all(s.end_ns is not None for s in process.spans if s.name.startswith("import "))
-    own = process.process_span
+    assert len([s for s in spans_of(run, process) if s.name.startswith("import ")]) == 30
+    assert all(s.end_ns is not None for s in spans_of(run, process) if s.name.startswith("import "))
+    own = run.process_span(process)
     assert own is not None and own.end_ns is None  # still running: in progress
 
 
@@ -89,7 +91,9 @@ def test_segments_are_joined_in_order(tmp_path: Path) -> None:
     assert journal_lines(journal) == [r[:-1] for r in records] + [b""]
     run = read_run(run_dir)
     assert run.problems == []
-    names = [s.name for s in sorted(run.processes[0].spans, key=lambda s: s.start_ns) if s.name.startswith("import")]
+    names = [
+        s.name for s in sorted(spans_of(run, run.processes[0]), key=lambda s: s.start_ns) if s.name.startswith("import")
+    ]
     assert names == [f"import m{i}" for i in range(200)]
 
 
@@ -101,7 +105,7 @@ def test_killed_in_the_middle_of_a_record(tmp_path: Path) -> None:
     run = read_run(run_dir)
     assert len(run.problems) == 1 and "cut last line" in run.problems[0], run.problems
     assert "1000-0000aaaa.0.journal" in run.problems[0]
-    assert len([s for s in run.processes[0].spans if s.name.startswith("import ")]) == 20
+    assert len([s for s in spans_of(run, run.processes[0]) if s.name.startswith("import ")]) == 20
 
 
 def test_a_torn_last_record_with_zeros_inside(tmp_path: Path) -> None:
@@ -113,7 +117,7 @@ def test_a_torn_last_record_with_zeros_inside(tmp_path: Path) -> None:
     _write_segments(run_dir, "1000-0000aaaa", [*records[:-1], bytes(torn)], [1 << 14])
     run = read_run(run_dir)
     assert len(run.problems) == 1 and "cut last line" in run.problems[0], run.problems
-    imports = [s for s in run.processes[0].spans if s.name.startswith("import ")]
+    imports = [s for s in spans_of(run, run.processes[0]) if s.name.startswith("import ")]
     assert len(imports) == 5 and imports[-1].end_ns is None  # its end record was the torn one
 
 
@@ -126,7 +130,7 @@ def test_versions_1_and_2_in_one_run(tmp_path: Path) -> None:
     run = read_run(run_dir)
     assert run.problems == []
     assert sorted(p.pid for p in run.processes) == [1000, 1001]
-    counts = {p.pid: len([s for s in p.spans if s.name.startswith("import ")]) for p in run.processes}
+    counts = {p.pid: len([s for s in spans_of(run, p) if s.name.startswith("import ")]) for p in run.processes}
     assert counts == {1000: 3, 1001: 4}
 
 

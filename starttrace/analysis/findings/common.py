@@ -129,25 +129,23 @@ class ImportTree:
             cur[rows[~hit]] = parent[at[~hit]]
             pending = cur >= 0
         self.up_import = up
+        # rows by their depth in the lane's tree: an enclosing import is always shallower, so one
+        # pass over these levels, top down, settles every row (a walk per row costs its depth)
+        depth = spans["depth"].to_numpy()
+        order = np.argsort(depth, kind="stable")
+        bounds = np.flatnonzero(np.diff(depth[order])) + 1
+        self.levels = np.split(order, bounds) if len(order) else []
         self.top = self.outermost(self.is_import)
 
     def outermost(self, mark: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """Per row (of `rows`, default all): the outermost import among itself and the imports
         enclosing it that `mark` marks; -1 where none is."""
-        cur = np.arange(len(mark), dtype=np.int64) if rows is None else rows.astype(np.int64)
-        best = np.full(len(cur), -1, dtype=np.int64)
-        live = cur >= 0
-        for _ in range(MAX_DEPTH):
-            if not live.any():
-                break
-            at = cur[live]
-            idx = np.flatnonzero(live)
-            marked = mark[at]
-            best[idx[marked]] = at[marked]
-            nxt = self.up_import[at]
-            cur[idx] = nxt
-            live = cur >= 0
-        return best
+        best = np.full(len(mark) + 1, -1, dtype=np.int64)  # the last slot: "no import" (-1)
+        up = self.up_import
+        for level in self.levels:
+            from_above = best[up[level]]
+            best[level] = np.where(from_above >= 0, from_above, np.where(mark[level], level, -1))
+        return best[:-1] if rows is None else best[rows.astype(np.int64)]
 
 
 def import_tree(model: RunModel) -> ImportTree:
@@ -164,11 +162,15 @@ def top_imports(model: RunModel, lanes: list[Lane], until: dict[int, int | None]
     tree = import_tree(model)
     until = until or {}
     limits = {ln.index: u for ln in lanes if (u := until.get(ln.index)) is not None}
-    rows = model.core.with_columns(pl.Series("_top", tree.up_import < 0)).filter(
-        pl.col("lane").is_in([ln.index for ln in lanes])
-        & pl.col("_top")
-        & (pl.col("phase") == "import")
-        & ~pl.col("in_progress")
+    rows = (
+        model.core.select("idx", "lane", "phase", "module", "start", "in_progress")
+        .with_columns(pl.Series("_top", tree.up_import < 0))
+        .filter(
+            pl.col("lane").is_in([ln.index for ln in lanes])
+            & pl.col("_top")
+            & (pl.col("phase") == "import")
+            & ~pl.col("in_progress")
+        )
     )
     if limits:
         limit = pl.col("lane").replace_strict(limits, default=None, return_dtype=pl.Int64)
@@ -182,7 +184,11 @@ def tree_rows(model: RunModel, tops: pl.DataFrame) -> pl.DataFrame:
     is_top = np.zeros(model.spans.height + 1, dtype=bool)
     is_top[tops["idx"].to_numpy()] = True
     in_tree = pl.Series(is_top[tree.top])  # tree.top is -1 outside any import: the spare last slot
-    return model.core.with_columns(pl.Series("top", tree.top)).filter(in_tree & (pl.col("phase") == "import"))
+    return (
+        model.core.select("idx", "lane", "phase", "module", "start", "duration", "in_progress", "error")
+        .with_columns(pl.Series("top", tree.top))
+        .filter(in_tree & (pl.col("phase") == "import"))
+    )
 
 
 def outermost_map(model: RunModel, rows: pl.DataFrame, mark: pl.Series) -> np.ndarray:
