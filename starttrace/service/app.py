@@ -585,13 +585,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.get("/metrics")
     def metrics_endpoint() -> Response:
-        def models() -> list[RunModel]:
-            out = []
-            for rid in store.newest_run_ids(metrics.METRIC_RUNS):
-                m = cache.model(rid)
-                if m is not None:
-                    out.append(m)
-            return out
+        def models() -> list[RunModel]:  # the newest run of each service: the gauges' "last run"
+            return metrics.newest_per_service(store.newest_run_ids(metrics.METRIC_RUNS), cache.model)
 
         return Response(metrics.render(counters, models), media_type="text/plain; version=0.0.4; charset=utf-8")
 

@@ -113,8 +113,10 @@ class FactsDeriver:
             self._thread = None
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.is_set():
             self.run_once()
+            if self._stop.wait(self.interval_s):
+                return
 
 
 def model_loader(cache: Any) -> ModelLoader:

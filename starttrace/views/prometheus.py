@@ -1,11 +1,17 @@
-"""Prometheus metrics (`GET /metrics`). The names are a contract with the dashboards:
+"""Prometheus metrics (`GET /metrics`). The names are a contract with the dashboards. No label
+names a run: a run id per label value made a new set of series per run (unbounded cardinality,
+against Prometheus's naming guidance). Runs across a fleet are asked of `GET /fleet` (ClickHouse or
+the embedded store, docs/fleet.md); Prometheus gets distributions and the last run's values.
 
-gauges (newest METRIC_RUNS runs only; rank label "" when unknown)
-  starttrace_phase_duration_seconds{run_id,service,role,rank,phase}
-  starttrace_time_to_ready_seconds{run_id,service,role,rank,pid}
-  starttrace_run_startup_seconds{run_id,service}
-  starttrace_import_duration_seconds{run_id,service,module}   top 50 modules, summed over processes
-  starttrace_import_ranks_paid{run_id,service,module}
+histograms (each run observed once, when its fleet facts are derived; since the service started)
+  starttrace_run_time_to_ready_seconds{service}
+  starttrace_run_phase_seconds{service,role,phase}          per run: its slowest process of the role
+gauges (the newest run of each service; rank label "" when unknown)
+  starttrace_phase_duration_seconds{service,role,rank,phase}
+  starttrace_time_to_ready_seconds{service,role,rank}
+  starttrace_run_startup_seconds{service}
+  starttrace_import_duration_seconds{service,module}          top 50 modules, summed over processes
+  starttrace_import_ranks_paid{service,module}
 counters
   starttrace_ingested_spans_total{source}                      source = otlp | journal
   starttrace_otlp_requests_total{encoding,code}
@@ -13,16 +19,42 @@ counters
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from starttrace.analysis.model import RunModel
 
-METRIC_RUNS = 20
+METRIC_RUNS = 20  # newest runs looked at for each service's last run
 TOP_MODULES = 50
+# seconds: a startup takes from under a second (a small tree) to many minutes (a large model)
+BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
+MAX_OBSERVED_IDS = 100_000  # run ids remembered so that a run is observed once
+
+
+class _Histogram:
+    __slots__ = ("buckets", "count", "sum")
+
+    def __init__(self) -> None:
+        self.buckets = [0] * (len(BUCKETS) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.buckets[bisect.bisect_left(BUCKETS, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out, acc = [], 0
+        for bound, n in zip((*[str(b) for b in BUCKETS], "+Inf"), self.buckets, strict=True):
+            acc += n
+            out.append((bound, float(acc)))
+        return out
 
 
 class Counters:
@@ -30,6 +62,9 @@ class Counters:
         self._lock = threading.Lock()
         self.ingested: dict[str, float] = {"otlp": 0.0, "journal": 0.0}
         self.requests: dict[tuple[str, str], float] = {}
+        self.ttr: dict[str, _Histogram] = {}
+        self.phase: dict[tuple[str, str, str], _Histogram] = {}
+        self._observed: dict[str, None] = {}
 
     def add_ingested(self, source: str, n: int) -> None:
         with self._lock:
@@ -39,6 +74,21 @@ class Counters:
         key = (encoding, str(code))
         with self._lock:
             self.requests[key] = self.requests.get(key, 0.0) + 1
+
+    def observe_run(self, facts: dict[str, Any]) -> None:
+        """A run's fleet facts (`analysis.fleet.run_facts`) into the histograms, once per run."""
+        service = str(facts.get("service") or "")
+        with self._lock:
+            if facts["run_id"] in self._observed:
+                return
+            self._observed[facts["run_id"]] = None
+            if len(self._observed) > MAX_OBSERVED_IDS:
+                del self._observed[next(iter(self._observed))]
+            if facts.get("time_to_ready_s") is not None:
+                self.ttr.setdefault(service, _Histogram()).observe(float(facts["time_to_ready_s"]))
+            for key, secs in (facts.get("role_phases") or {}).items():
+                role, _, phase = key.partition("/")
+                self.phase.setdefault((service, role, phase), _Histogram()).observe(float(secs))
 
 
 class StartTraceCollector:
@@ -51,56 +101,67 @@ class StartTraceCollector:
 
     def collect(self) -> Iterator[Metric]:
         # Long by design: one metric family after the other, each a few lines, in the order /metrics lists them.
+        ttr_h = HistogramMetricFamily(
+            "starttrace_run_time_to_ready_seconds",
+            "Seconds from a run's start to ready, one observation per run.",
+            labels=["service"],
+        )
+        phase_h = HistogramMetricFamily(
+            "starttrace_run_phase_seconds",
+            "Seconds of a startup phase per run: the slowest process of the role (union of its spans).",
+            labels=["service", "role", "phase"],
+        )
+        with self.counters._lock:
+            for service, h in sorted(self.counters.ttr.items()):
+                ttr_h.add_metric([service], h.cumulative(), h.sum)
+            for (service, role, ph), h in sorted(self.counters.phase.items()):
+                phase_h.add_metric([service, role, ph], h.cumulative(), h.sum)
         phase = GaugeMetricFamily(
             "starttrace_phase_duration_seconds",
-            "Seconds a process spent in a startup phase (union of its spans of that phase).",
-            labels=["run_id", "service", "role", "rank", "phase"],
+            "Seconds a process of the service's newest run spent in a startup phase (union of its spans).",
+            labels=["service", "role", "rank", "phase"],
         )
         ttr = GaugeMetricFamily(
             "starttrace_time_to_ready_seconds",
-            "Seconds from the run start to the process being ready.",
-            labels=["run_id", "service", "role", "rank", "pid"],
+            "Seconds from the start of the service's newest run to the process being ready.",
+            labels=["service", "role", "rank"],
         )
         run_s = GaugeMetricFamily(
             "starttrace_run_startup_seconds",
-            "Seconds from the run start to ready (to the newest span while not ready).",
-            labels=["run_id", "service"],
+            "Seconds from the start of the service's newest run to ready (to the newest span while not ready).",
+            labels=["service"],
         )
         imp = GaugeMetricFamily(
             "starttrace_import_duration_seconds",
-            "Cumulative import seconds of a module, summed over the processes of the run (top 50).",
-            labels=["run_id", "service", "module"],
+            "Cumulative import seconds of a module in the service's newest run, summed over its processes (top 50).",
+            labels=["service", "module"],
         )
         paid = GaugeMetricFamily(
             "starttrace_import_ranks_paid",
-            "Number of ranks (processes without a rank count one each) that imported the module.",
-            labels=["run_id", "service", "module"],
+            "Ranks of the service's newest run (a process without a rank counts one) that imported the module.",
+            labels=["service", "module"],
         )
         for model in self.models():
             service = model.service or ""
-            run_s.add_metric([model.run_id, service], model.startup_s)
-            seen_phase: set[tuple[str, ...]] = set()
-            seen_ttr: set[tuple[str, ...]] = set()
+            run_s.add_metric([service], model.startup_s)
+            phases: dict[tuple[str, ...], float] = {}
+            ready: dict[tuple[str, ...], float] = {}
             for lane in model.lanes:
                 role = lane.role or ""
                 rank = "" if lane.rank is None else str(lane.rank)
-                pid = "" if lane.pid is None else str(lane.pid)
                 for ph, ns in lane.phases.items():
-                    labels = (model.run_id, service, role, rank, ph)
-                    if labels in seen_phase:  # two processes without rank and the same role
-                        labels = (model.run_id, service, role, f"pid{pid}" if not rank else rank, ph)
-                    if labels in seen_phase:
-                        continue
-                    seen_phase.add(labels)
-                    phase.add_metric(list(labels), ns / 1e9)
+                    key = (service, role, rank, ph)  # processes of one role without a rank: the slowest
+                    phases[key] = max(phases.get(key, 0.0), ns / 1e9)
                 if lane.ready_ns is not None:
-                    labels = (model.run_id, service, role, rank, pid)
-                    if labels not in seen_ttr:
-                        seen_ttr.add(labels)
-                        ttr.add_metric(list(labels), max(0, lane.ready_ns - model.t0) / 1e9)
+                    key = (service, role, rank)
+                    ready[key] = max(ready.get(key, 0.0), max(0, lane.ready_ns - model.t0) / 1e9)
+            for key, value in phases.items():
+                phase.add_metric(list(key), value)
+            for key, value in ready.items():
+                ttr.add_metric(list(key), value)
             for h in model.hotspots[:TOP_MODULES]:
-                imp.add_metric([model.run_id, service, h["module"]], h["cumulative_s"])
-                paid.add_metric([model.run_id, service, h["module"]], h["ranks_paid"])
+                imp.add_metric([service, h["module"]], h["cumulative_s"])
+                paid.add_metric([service, h["module"]], h["ranks_paid"])
         ingested = CounterMetricFamily(
             "starttrace_ingested_spans", "Spans written to the store, by source.", labels=["source"]
         )
@@ -114,7 +175,20 @@ class StartTraceCollector:
                 ingested.add_metric([source], v)
             for (enc, code), v in sorted(self.counters.requests.items()):
                 requests.add_metric([enc, code], v)
-        yield from (phase, ttr, run_s, imp, paid, ingested, requests)
+        yield from (ttr_h, phase_h, phase, ttr, run_s, imp, paid, ingested, requests)
+
+
+def newest_per_service(run_ids: list[str], model_of: Callable[[str], RunModel | None]) -> list[RunModel]:
+    """The newest run's model of each service, from run ids newest first."""
+    seen: set[str] = set()
+    out = []
+    for rid in run_ids:
+        model = model_of(rid)
+        if model is None or (model.service or "") in seen:
+            continue
+        seen.add(model.service or "")
+        out.append(model)
+    return out
 
 
 def render(counters: Counters, models: Callable[[], list[RunModel]]) -> bytes:

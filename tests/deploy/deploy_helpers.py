@@ -37,6 +37,12 @@ DEPLOY_DOC = REPO / "docs" / "deploy.md"
 
 # The metric names `starttrace serve` exposes on /metrics (contract with the service).
 STARTTRACE_METRICS = {
+    "starttrace_run_time_to_ready_seconds_bucket",
+    "starttrace_run_time_to_ready_seconds_count",
+    "starttrace_run_time_to_ready_seconds_sum",
+    "starttrace_run_phase_seconds_bucket",
+    "starttrace_run_phase_seconds_count",
+    "starttrace_run_phase_seconds_sum",
     "starttrace_phase_duration_seconds",
     "starttrace_time_to_ready_seconds",
     "starttrace_run_startup_seconds",

@@ -126,15 +126,17 @@ def test_every_variable_used_is_defined_and_every_defined_one_used(path: Path) -
 def test_template_variables(path: Path) -> None:
     dash = load(path)
     variables = {v["name"]: v for v in dash["templating"]["list"]}
-    for name in ("service", "run", "rank"):
+    for name in ("service", "rank"):
         v = variables[name]
         assert v["type"] == "query"
         assert v["datasource"]["uid"] == "starttrace-prometheus"
         query = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
         assert query.startswith("label_values(") and query == v["definition"]
-        assert query.rstrip(")").endswith({"service": "service", "run": "run_id", "rank": "rank"}[name])
-    # a run is one startup: single choice; ranks: several
-    assert not variables["run"].get("multi") and not variables["run"].get("includeAll")
+        assert query.rstrip(")").endswith({"service": "service", "rank": "rank"}[name])
+        assert "run_id" not in query
+    # no metric names a run (issue 27): the run is a free textbox for the links (empty: the newest)
+    assert variables["run"]["type"] == "textbox"
+    assert not any("run_id" in e for e in prom_exprs(dash))
     assert variables["rank"]["multi"] and variables["rank"]["includeAll"] and variables["rank"]["allValue"] == ".*"
     if dash["uid"] == "starttrace-startup":
         assert variables["traceId"]["type"] == "textbox"
@@ -184,7 +186,8 @@ def test_startup_dashboard_panels() -> None:
     # data links to the starttrace page of a run
     links = [s for s in strings(dash) if "/startup/" in s and s.startswith("${starttrace_url}")]
     assert any(s == "${starttrace_url}/startup/${run}" for s in links)
-    assert any("${__value.raw}" in s for s in links)
+    # the newest run of a service (the metrics name no run)
+    assert "${starttrace_url}/startup" in [s for s in strings(dash) if s.startswith("${starttrace_url}")]
 
 
 def test_imports_dashboard_panels() -> None:

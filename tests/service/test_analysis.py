@@ -133,7 +133,8 @@ def test_compare_endpoint(client: TestClient) -> None:
     assert 'id="cmp-ranks"' in html and "worker rank 2" in html
 
 
-def test_metrics_names_and_promtool(client: TestClient) -> None:
+def test_metrics_names_and_promtool(make_client: Callable[..., TestClient]) -> None:
+    client = make_client(fleet_idle_s=0.0, fleet_interval_s=0.2)  # fleet facts (the histograms) at once
     for i in range(22):
         run = make_run(
             ranks=2, imports_per_rank=8, run_id=f"m{i:02d}", seed=100 + i, t0=1_700_000_000_000_000_000 + i * 10**12
@@ -142,6 +143,8 @@ def test_metrics_names_and_promtool(client: TestClient) -> None:
     flush(client)
     text = client.get("/metrics").text
     for name in (
+        "starttrace_run_time_to_ready_seconds",
+        "starttrace_run_phase_seconds",
         "starttrace_phase_duration_seconds",
         "starttrace_time_to_ready_seconds",
         "starttrace_run_startup_seconds",
@@ -151,11 +154,22 @@ def test_metrics_names_and_promtool(client: TestClient) -> None:
         "starttrace_otlp_requests_total",
     ):
         assert f"# TYPE {name.removesuffix('_total')} " in text or f"# TYPE {name} " in text, name
-    assert 'run_id="m21"' in text and 'run_id="m02"' in text
-    assert 'run_id="m01"' not in text and 'run_id="m00"' not in text  # only the newest 20 runs
+    assert "run_id=" not in text and "pid=" not in text  # no label names a run (or its processes)
     assert 'rank=""' in text  # processes without a rank
-    assert 'starttrace_time_to_ready_seconds{pid="1100",rank="0",role="worker",run_id="m21",service="vllm"}' in text
-    assert 'starttrace_import_ranks_paid{module="vllm.platforms.cuda",run_id="m21",service="vllm"} 2.0' in text
+    # the gauges: the newest run of the service (m21)
+    newest = client.get("/startup/m21").json()
+    worker0 = next(ln for ln in newest["lanes"] if ln["rank"] == 0)
+    gauge = 'starttrace_time_to_ready_seconds{rank="0",role="worker"'
+    line = next(ln for ln in text.splitlines() if ln.startswith(gauge))
+    assert float(line.split()[-1]) == pytest.approx(worker0["time_to_ready_s"], abs=1e-5)
+    assert 'starttrace_import_ranks_paid{module="vllm.platforms.cuda",service="vllm"} 2.0' in text
+    # the histograms: every run once (its fleet facts derived)
+    deadline = time.monotonic() + 60
+    while 'starttrace_run_time_to_ready_seconds_count{service="vllm"} 22.0' not in text:
+        assert time.monotonic() < deadline, text[:2000]
+        time.sleep(0.3)
+        text = client.get("/metrics").text
+    assert 'starttrace_run_phase_seconds_bucket{le="+Inf",phase="import",role="worker",service="vllm"} 22.0' in text
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed")

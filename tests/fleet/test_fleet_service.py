@@ -1,0 +1,256 @@
+"""GET /fleet and runs from ClickHouse through the real service and CLI: `starttrace serve
+--clickhouse chdb:DIR` in its own process, asked over HTTP; the embedded store's /fleet; `starttrace
+fleet|report|export --clickhouse`. ClickHouse is chdb (the real engine) with the exporter's DDL,
+filled the way the exporter fills it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("chdb")
+
+from otel_clickhouse import create_tables, exporter_rows, insert
+from synth_runs import make_run, protobuf_batches, to_protobuf
+
+REPO = Path(__file__).resolve().parents[2]
+VERSIONS = ("0.31.0", "0.32.0", "<b>0.33.0</b>")  # a value from span data: escaped on the page
+RUNS = 9
+
+
+def _runs() -> list[Any]:
+    out = []
+    for i in range(RUNS):
+        run = make_run(
+            ranks=2, imports_per_rank=4, run_id=f"fl-{i}", seed=40 + i, t0=1_750_000_000 * 10**9 + i * 10**12
+        )
+        for p in run.processes:
+            p.resource["service.version"] = VERSIONS[i // 3]
+        out.append(run)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from starttrace.sources.clickhouse_client import close_all, connect
+
+    data = tmp_path_factory.mktemp("fleet-service") / "chdb"
+    client = connect(f"chdb:{data}")
+    create_tables(client)
+    for run in _runs():
+        insert(client, exporter_rows(to_protobuf(run)))
+    close_all()  # one engine per process and data directory: the service opens it next
+    return data
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STARTTRACE", "VLLM_STARTTRACE", "OTEL_"))}
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def service(ch_dir: Path) -> Iterator[str]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "starttrace.service.server", "--port", str(port), "--clickhouse", f"chdb:{ch_dir}"]
+    proc = subprocess.Popen(cmd, env=_env(), cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("service did not start: " + (proc.stderr.read().decode() if proc.stderr else ""))
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _fleet(url: str, **params: str) -> dict[str, Any]:
+    """/fleet once the service has derived every run's facts (its background deriver)."""
+    deadline = time.monotonic() + 120
+    while True:
+        got = httpx.get(url + "/fleet", params=params, timeout=60)
+        assert got.status_code == 200, got.text
+        doc = got.json()
+        if doc["runs"] == RUNS or time.monotonic() > deadline:
+            return doc
+        time.sleep(0.3)
+
+
+def test_fleet_over_http_from_clickhouse(service: str) -> None:
+    doc = _fleet(service, by="service.version")
+    assert doc["runs"] == RUNS and doc["key"] == "service.version"
+    assert [g["value"] for g in doc["groups"]] == list(VERSIONS)  # first-seen order
+    for g in doc["groups"]:
+        assert g["runs"] == 3
+        assert g["time_to_ready_s"]["p50"] > 0 and g["time_to_ready_s"]["p95"] >= g["time_to_ready_s"]["p50"]
+        assert "import" in g["phases"] and set(g["phases"]["import"]) == {"p50", "p95"}
+    assert len(doc["slowest"]) == RUNS
+    top = doc["slowest"][0]
+    assert top["url"] == f"/startup/{top['run_id']}"
+    assert httpx.get(service + top["url"], timeout=60).status_code == 200  # the link opens the waterfall
+    for reg in doc["regressions"]:
+        assert reg["p50_delta_s"] > 0 and reg["from"] in VERSIONS and reg["to"] in VERSIONS
+    by_host = _fleet(service, by="host")
+    assert by_host["key"] == "host.name" and [g["value"] for g in by_host["groups"]] == ["synth-host"]
+    none = httpx.get(service + "/fleet", params={"service": "nope"}, timeout=60).json()
+    assert none["runs"] == 0 and none["groups"] == [] and none["slowest"] == []
+    since = httpx.get(service + "/fleet", params={"since": "1750000004"}, timeout=60).json()
+    assert since["runs"] == RUNS - 5
+    assert httpx.get(service + "/fleet", params={"since": "soon"}, timeout=60).status_code == 400
+
+
+def test_fleet_page_escapes_span_data(service: str) -> None:
+    _fleet(service)
+    page = httpx.get(service + "/fleet", headers={"Accept": "text/html"}, timeout=60)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "<b>0.33.0</b>" not in page.text and "&lt;b&gt;0.33.0&lt;/b&gt;" in page.text
+    assert 'id="fleet-groups"' in page.text and 'href="/startup/fl-' in page.text
+
+
+def test_runs_from_clickhouse_at_full_detail(service: str) -> None:
+    runs = httpx.get(service + "/runs", timeout=60).json()["runs"]
+    assert {r["run_id"] for r in runs} == {f"fl-{i}" for i in range(RUNS)}
+    assert all(r["source"] == "clickhouse" for r in runs)
+    src = _runs()[4]
+    doc = httpx.get(service + "/startup/fl-4", params={"spans": "all"}, timeout=60).json()
+    assert doc["run_id"] == "fl-4" and len(doc["lanes"]) == len(src.processes)
+    assert sum(len(lane["spans"]) for lane in doc["lanes"]) >= src.span_count - 1  # all but the root
+    html = httpx.get(service + "/startup/fl-4", headers={"Accept": "text/html"}, timeout=60)
+    assert html.status_code == 200
+    export = httpx.get(service + "/runs/fl-4/export", params={"format": "otlp-json"}, timeout=60)
+    assert export.status_code == 200
+    spans = [s for rs in export.json()["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
+    assert len(spans) == src.span_count
+    cmp = httpx.get(service + "/compare", params={"a": "fl-0", "b": "fl-8"}, timeout=60)
+    assert cmp.status_code == 200
+    assert httpx.get(service + "/startup/no-such-run", timeout=60).status_code == 404
+    # the Collector writes ClickHouse: this service takes no OTLP
+    assert httpx.post(service + "/v1/traces", content=b"", timeout=60).status_code == 404
+
+
+def test_metrics_carry_no_run_id(service: str) -> None:
+    _fleet(service)
+    text = httpx.get(service + "/metrics", timeout=60).text
+    assert "run_id=" not in text
+    assert "starttrace_run_phase_seconds_bucket{" in text
+    assert 'starttrace_run_time_to_ready_seconds_count{service="vllm"} 9.0' in text
+
+
+def test_cli_fleet_report_export_from_clickhouse(ch_dir: Path, tmp_path: Path, service: str) -> None:
+    # the service holds the engine's directory: the CLI reads a copy (chdb: one process per directory)
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(ch_dir, copy, ignore=shutil.ignore_patterns("status", "*.lock"))
+    cli = [sys.executable, "-m", "starttrace"]
+    out = subprocess.run(
+        [*cli, "fleet", "--clickhouse", f"chdb:{copy}", "--by", "service.version", "--json"],
+        env=_env(),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["runs"] == RUNS and [g["value"] for g in doc["groups"]] == list(VERSIONS)
+    text = subprocess.run(
+        [*cli, "fleet", "--clickhouse", f"chdb:{copy}", "--by", "tp"],
+        env=_env(),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert text.returncode == 0 and "fleet startup by vllm.tensor_parallel_size" in text.stdout, text.stderr
+    rep = subprocess.run(
+        [*cli, "report", "fl-2", "--clickhouse", f"chdb:{copy}", "--json"],
+        env=_env(),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert rep.returncode == 0, rep.stderr
+    assert json.loads(rep.stdout)["run_id"] == "fl-2"
+    exp = subprocess.run(
+        [
+            *cli,
+            "export",
+            "fl-2",
+            "--clickhouse",
+            f"chdb:{copy}",
+            "--format",
+            "perfetto",
+            "-o",
+            str(tmp_path / "p.json"),
+        ],
+        env=_env(),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert exp.returncode == 0, exp.stderr
+    assert json.loads((tmp_path / "p.json").read_text())
+    missing = subprocess.run(
+        [*cli, "report", "nope", "--clickhouse", f"chdb:{copy}"],
+        env=_env(),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert missing.returncode == 2 and "no run 'nope'" in missing.stderr
+
+
+def test_fleet_over_the_embedded_store(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from starttrace.service.app import Settings, create_app
+
+    app = create_app(Settings(db=tmp_path / "st.db", fleet_interval_s=0.2, fleet_idle_s=0.0, decode_workers=0))
+    with TestClient(app, base_url="http://localhost") as client:
+        for run in _runs():
+            for body in protobuf_batches(run):
+                r = client.post("/v1/traces", content=body, headers={"Content-Type": "application/x-protobuf"})
+                assert r.status_code == 200
+        doc = _fleet_client(client)
+        assert doc["runs"] == RUNS
+        assert [g["value"] for g in doc["groups"]] == list(VERSIONS)
+        assert doc["slowest"][0]["url"].startswith("/startup/fl-")
+        # derived once: a second pass finds nothing missing
+        assert app.state.facts.missing(idle_s=0) == []
+
+
+def _fleet_client(client: Any) -> dict[str, Any]:
+    deadline = time.monotonic() + 120
+    while True:
+        doc = client.get("/fleet").json()
+        if doc["runs"] == RUNS or time.monotonic() > deadline:
+            return doc
+        time.sleep(0.3)
