@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import polars as pl
 from st_service_helpers import start_server, wait_for
 
 from starttrace.analysis.lanes import build_model
@@ -89,7 +90,7 @@ def test_sigkilled_run_reads_back_killed_with_no_stalled(
         assert all(not lane.in_progress for lane in model.lanes)
         killed = [ln for ln in model.lanes if any(w.startswith("killed") for w in ln.warnings)]
         assert len(killed) == 3 and "main" in {ln.role for ln in killed}
-        slow = [n for n in model.spans if n.name == "import slowmod"]
+        slow = model.nodes(model.spans.filter(pl.col("name") == "import slowmod"))
         assert len(slow) == 3 and all(n.end is not None and n.error and n.error.startswith("killed") for n in slow)
         assert model.t_end - model.t0 < 60e9  # ended at the last records, not now
         assert run_status(dead) == "killed"

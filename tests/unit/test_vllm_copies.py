@@ -33,7 +33,7 @@ def _with_vllm_exporter(b: Builder) -> list[str]:
     run.processes.append(Process("vllm-otel", 0, 0, None, {"service.name": "vllm"}, ""))
     run.spans = pl.concat([run.spans, spans_table(("vllm-otel", s) for s in copies)])
     model = build_model(run)
-    return [n.name for n in model.spans]
+    return model.spans["name"].to_list()
 
 
 def test_vllm_copy_of_a_flagged_mark_is_dropped() -> None:
