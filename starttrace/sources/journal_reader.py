@@ -314,7 +314,8 @@ def read_run(run_dir: Path) -> Run:
     return run
 
 
-_encode = json.JSONEncoder(default=str).encode  # one encoder (json.dumps(default=...) makes one per call)
+# one encoder (json.dumps(default=...) makes one per call); compact: the text is what the store keeps
+_encode = json.JSONEncoder(default=str, separators=(",", ":")).encode
 _I64 = (-(2**63), 2**63 - 1)
 
 
