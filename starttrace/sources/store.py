@@ -1117,12 +1117,13 @@ def run_from_rows(rows: RunRows) -> Run:
     for lane_id in extra:
         processes.append(_process_from_row({"lane_id": lane_id, "resource": {}}, own.get(lane_id), first.get(lane_id)))
     processes.sort(key=lambda p: (p.created_ns, p.instance_id))
-    order = pl.DataFrame(
-        {"lane": [p.instance_id for p in processes], "_o": range(len(processes))},
-        schema={"lane": pl.String(), "_o": pl.UInt32()},
-    )
-    spans = spans.join(order, on="lane", how="left", maintain_order="left").sort("_o", "start", maintain_order=True)
-    spans = spans.drop("_o")
+    # one gather of the whole table (a join, then a sort, copied every column twice: ~130 MB each for
+    # a 64 x 6000 run, in fresh memory), its order from the two columns it is sorted by
+    order = {p.instance_id: i for i, p in enumerate(processes)}
+    at = spans.select(
+        pl.arg_sort_by(pl.col("lane").replace_strict(order, return_dtype=pl.UInt32), "start", maintain_order=True)
+    ).to_series()
+    spans = spans[at]
     meta = rows.meta
     run = Run(
         run_id=rows.run_id,
