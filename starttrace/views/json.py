@@ -188,10 +188,8 @@ def span_rows(model: RunModel, rows: pl.DataFrame, pos: bool = False) -> list[li
             + has_error.cast(pl.Int32) * FLAG_ERROR
         ).alias("flags"),
         (pl.col("idx") - offset).alias("pos"),
-        pl.col("attrs"),
-        pl.col("attrs_pb"),
         pl.col("error"),
-    )
+    ).hstack(model.attrs_columns(rows["idx"]))
     names, phases = cols["name"].to_list(), cols["phase"].to_list()
     extras = [
         _extra(attrs, phase, name, error)
