@@ -31,6 +31,7 @@ from starttrace.analysis.model import (
     rank_slot,
 )
 from starttrace.analysis.nodes import node_key, node_names, node_order
+from starttrace.analysis.phases import merged_by, union_by
 from starttrace.run import SPAN_SCHEMA, Process, Run, int_or_none, spans_table
 
 MAX_DEPTH = 10_000  # bounded: guards parent cycles
@@ -350,35 +351,6 @@ def _command(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     return None
-
-
-def union_by(frame: pl.DataFrame, keys: list[str], start: str = "start", end: str = "end") -> pl.DataFrame:
-    """Per group of `keys`: the length of the union of the rows' [start, end] intervals (`ns`)."""
-    prev = pl.col(end).cum_max().shift(1).over(keys)
-    return (
-        frame.sort([*keys, start])
-        .with_columns(
-            (pl.col(end) - pl.max_horizontal(pl.col(start), prev.fill_null(pl.col(start))))
-            .clip(lower_bound=0)
-            .alias("_part")
-        )
-        .group_by(keys)
-        .agg(pl.col("_part").sum().alias("ns"), pl.col("idx").min().alias("_first"))
-        .sort("_first")  # each group where its first row stands: a lane's phases in the order they began
-        .drop("_first")
-    )
-
-
-def merged_by(frame: pl.DataFrame, keys: list[str], start: str = "start", end: str = "end") -> pl.DataFrame:
-    """Per group of `keys`: the merged intervals of the rows (`start`, `end`), in order."""
-    prev = pl.col(end).cum_max().shift(1).over(keys)
-    return (
-        frame.sort([*keys, start])
-        .with_columns((prev.is_null() | (pl.col(start) > prev)).cast(pl.Int32).cum_sum().over(keys).alias("_seg"))
-        .group_by([*keys, "_seg"], maintain_order=True)
-        .agg(pl.col(start).min(), pl.col(end).max())
-        .drop("_seg")
-    )
 
 
 def _lane_facts(model: RunModel, run_ready: int | None) -> None:
