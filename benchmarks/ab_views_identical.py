@@ -59,7 +59,7 @@ print(json.dumps(out))
 
 def hashes(tree: Path) -> dict[str, dict[str, str]]:
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(ROOT / "tests")],
+        [sys.executable, "-c", CHILD, str(tree / "tests")],  # each tree its own generators (the same runs)
         env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"}, cwd=str(tree), capture_output=True, text=True,
         timeout=900, check=False,
     )  # fmt: skip

@@ -206,13 +206,16 @@ def _preload_option(value: str | None) -> list[str]:
 
 
 def _summary(run: Run) -> None:
+    import polars as pl
+
     model = _model(run)
     table = Table(title=f"run {run.run_id}: {len(run.processes)} processes, startup {model.startup_s:.3f} s")
     for column in ("process", "start", "lane s", "ready at s", "imports", "import s", "status"):
         table.add_column(column, justify="left" if column in ("process", "start", "status") else "right")
+    imports_of = dict(model.core.filter(pl.col("phase") == "import").group_by("lane").len().iter_rows())
     for lane in model.lanes:
         ready_at = model.seconds(lane.ready_ns)
-        imports = sum(1 for node in lane.spans if node.phase == "import")
+        imports = imports_of.get(lane.index, 0)
         if lane.exited:
             status = f"exit {lane.exit_code}" if lane.exit_code is not None else "exited"
         else:

@@ -9,7 +9,7 @@ from typing import Any
 
 from starttrace.analysis.critical_path import path_phases
 from starttrace.analysis.findings.common import is_forkserver, preload_list
-from starttrace.analysis.findings.preload import covered_nodes
+from starttrace.analysis.findings.preload import covered_ns
 from starttrace.analysis.model import Lane, RunModel
 from starttrace.analysis.nodes import compare_nodes, node_positions
 
@@ -104,7 +104,7 @@ def _summary(a: RunModel, b: RunModel) -> dict[str, Any]:
             "delta": round(b.startup_s - a.startup_s, 6),
         },
         "processes": {"a": len(a.lanes), "b": len(b.lanes), "delta": len(b.lanes) - len(a.lanes)},
-        "spans": {"a": len(a.spans), "b": len(b.spans), "delta": len(b.spans) - len(a.spans)},
+        "spans": {"a": a.spans.height, "b": b.spans.height, "delta": b.spans.height - a.spans.height},
         "status": {"a": a.status, "b": b.status},
         "start_methods": {
             "a": sorted({ln.start_method for ln in a.lanes if ln.start_method}),
@@ -206,8 +206,8 @@ def preload_checks(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
     (A's import seconds minus B's, same rank); on time to ready, A's estimate against B - A."""
     held = set()
     for lane in b.lanes:
-        if is_forkserver(lane):
-            held.update(preload_list(lane))
+        if is_forkserver(b, lane):
+            held.update(preload_list(b, lane))
     out = []
     for f in a.findings:
         if f["kind"] != "preload" or not f["modules"]:
@@ -252,7 +252,7 @@ def _check_ranks(a: RunModel, b: RunModel, per_rank: list[dict[str, Any]], modul
         key = key_of.get(r["lane"], "")
         la: Lane = a.lanes[r["lane"]]
         lb = kb.get(key)
-        left = None if lb is None else sum(n.duration for n in covered_nodes(lb, modules)) / 1e9
+        left = None if lb is None else covered_ns(b, lb, modules) / 1e9
         out.append(
             {
                 "key": key,

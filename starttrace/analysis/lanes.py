@@ -31,6 +31,7 @@ from starttrace.analysis.model import (
     rank_slot,
 )
 from starttrace.analysis.nodes import node_key, node_names, node_order
+from starttrace.analysis.phases import merged_by, union_by
 from starttrace.run import SPAN_SCHEMA, Process, Run, int_or_none, spans_table
 
 MAX_DEPTH = 10_000  # bounded: guards parent cycles
@@ -66,7 +67,7 @@ def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = Non
     ).with_columns(pl.max_horizontal("eff_end", "start").alias("eff_end"))
     frame = frame.with_columns((pl.col("eff_end") - pl.col("start")).alias("duration"))
     t0 = _t0(frame, t_first)
-    ordered, frame = _order_lanes(frame, lanes_by_id, t_first)
+    ordered, frame, side = _order_lanes(frame, lanes_by_id, t_first)
     model = RunModel(
         run_id=run.run_id,
         trace_id=run.trace_id or None,
@@ -80,6 +81,7 @@ def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = Non
         ready_ns=ready_ns,
         lanes=ordered,
         spans=frame,
+        side=side,
         phases=[],
         hotspots=[],
         preload_advice=[],
@@ -227,29 +229,30 @@ def _parents(frame: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     up = _rows_of(frame["span_id"], frame["parent_id"])
     rows = np.arange(len(up), dtype=np.int64)
     up[up == rows] = -1  # its own parent
-    lane_codes = frame["lane"].rank("dense").to_numpy()
-    same = np.where((up >= 0) & (lane_codes[np.maximum(up, 0)] == lane_codes), up, -1)
+    lanes = frame["lane"].hash().to_numpy()
+    same = np.where((up >= 0) & (lanes[np.maximum(up, 0)] == lanes), up, -1)
     return up, same
 
 
 def _rows_of(ids: pl.Series, wanted: pl.Series) -> np.ndarray:
     """For each value of `wanted`: the first row of `ids` that holds it (-1: none, or null). Joined
-    on the ids' 64-bit hashes (a string join costs ~10x more), each match then checked against the
-    strings; the rows whose hash matched another id are joined on the strings themselves."""
+    on the ids' 64-bit hashes (a string join costs ~10x more); a match is taken when a second,
+    independent hash agrees too (two ids alike in both: ~2**-128)."""
     table = pl.DataFrame({"h": ids.hash(), "row": pl.int_range(len(ids), dtype=pl.Int64, eager=True)})
     table = table.unique("h", keep="first", maintain_order=True)
     got = pl.DataFrame({"h": wanted.hash()}).join(table, on="h", how="left", maintain_order="left")["row"]
     found = got.fill_null(-1).to_numpy().astype(np.int64)
-    has = wanted.is_not_null().to_numpy() & (found >= 0)
-    found[~has] = -1
-    check = np.flatnonzero(has)
-    redo = check[(ids.gather(found[check]) != wanted.gather(check)).to_numpy()]
-    if len(redo):  # a hash shared by two ids: those rows by their strings
+    found[~wanted.is_not_null().to_numpy()] = -1
+    check = np.flatnonzero(found >= 0)
+    second_ids = ids.hash(seed=7).to_numpy()
+    second_wanted = wanted.hash(seed=7).to_numpy()
+    wrong = check[second_ids[found[check]] != second_wanted[check]]
+    if len(wrong):  # a hash shared by two ids: those rows by their strings
         exact = pl.DataFrame({"id": ids, "row": pl.int_range(len(ids), dtype=pl.Int64, eager=True)}).unique(
             "id", keep="first", maintain_order=True
         )
-        again = pl.DataFrame({"id": wanted.gather(redo)}).join(exact, on="id", how="left", maintain_order="left")
-        found[redo] = again["row"].fill_null(-1).to_numpy()
+        again = pl.DataFrame({"id": wanted.gather(wrong)}).join(exact, on="id", how="left", maintain_order="left")
+        found[wrong] = again["row"].fill_null(-1).to_numpy()
     return found
 
 
@@ -275,7 +278,7 @@ def _depths(same: np.ndarray) -> np.ndarray:
 
 def _order_lanes(
     frame: pl.DataFrame, lanes_by_id: dict[str, Lane], t_first: int | None
-) -> tuple[list[Lane], pl.DataFrame]:
+) -> tuple[list[Lane], pl.DataFrame, pl.DataFrame]:
     """Lanes by node, role, rank and start; the table sorted by lane, start and arrival, with each
     span's idx, its parents' idx and its depth."""
     proc = (
@@ -314,7 +317,12 @@ def _order_lanes(
         .sort("lane_index", "start", "seq")
     )
     old_rows = order["_row"].to_numpy()
-    frame = frame[old_rows].with_columns(order["lane_index"])
+    # the wide columns (every span's attributes) stay where they are: the model reaches them by
+    # `src` (`RunModel.side`); only the narrow ones are put in order
+    side = frame.select("attrs", "attrs_pb")
+    frame = frame.drop("attrs", "attrs_pb", "parent_id", "lane")[old_rows].with_columns(
+        order["lane_index"], pl.Series("src", old_rows, dtype=pl.Int64)
+    )
     new_of_old = np.empty(len(old_rows), dtype=np.int64)
     new_of_old[old_rows] = np.arange(len(old_rows), dtype=np.int64)
 
@@ -334,7 +342,7 @@ def _order_lanes(
     for lane in ordered:
         lane.offset, lane.count = offset, counts.get(lane.index, 0)
         offset += lane.count
-    return ordered, frame
+    return ordered, frame, side
 
 
 def _command(value: Any) -> str | None:
@@ -343,33 +351,6 @@ def _command(value: Any) -> str | None:
     if isinstance(value, str):
         return value
     return None
-
-
-def union_by(frame: pl.DataFrame, keys: list[str], start: str = "start", end: str = "end") -> pl.DataFrame:
-    """Per group of `keys`: the length of the union of the rows' [start, end] intervals (`ns`)."""
-    prev = pl.col(end).cum_max().shift(1).over(keys)
-    return (
-        frame.sort([*keys, start])
-        .with_columns(
-            (pl.col(end) - pl.max_horizontal(pl.col(start), prev.fill_null(pl.col(start))))
-            .clip(lower_bound=0)
-            .alias("_part")
-        )
-        .group_by(keys, maintain_order=True)
-        .agg(pl.col("_part").sum().alias("ns"))
-    )
-
-
-def merged_by(frame: pl.DataFrame, keys: list[str], start: str = "start", end: str = "end") -> pl.DataFrame:
-    """Per group of `keys`: the merged intervals of the rows (`start`, `end`), in order."""
-    prev = pl.col(end).cum_max().shift(1).over(keys)
-    return (
-        frame.sort([*keys, start])
-        .with_columns((prev.is_null() | (pl.col(start) > prev)).cast(pl.Int32).cum_sum().over(keys).alias("_seg"))
-        .group_by([*keys, "_seg"], maintain_order=True)
-        .agg(pl.col(start).min(), pl.col(end).max())
-        .drop("_seg")
-    )
 
 
 def _lane_facts(model: RunModel, run_ready: int | None) -> None:
@@ -562,28 +543,28 @@ def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str
         .otherwise((pl.col("duration") - kids).clip(lower_bound=0))
         .alias("self"),
         pl.coalesce("module", "name").alias("mod"),
-        pl.col("lane")
-        .replace_strict(dict(zip(lane_slot["lane"], lane_slot["slot"], strict=True)), return_dtype=pl.Int64)
-        .alias("slot"),
-    ).with_columns(pl.col("mod").hash().alias("key"), pl.col("mod").hash(seed=7).alias("check"))
-    # grouped by the module's 64-bit hash (a string group-by costs ~5x more); a hash two modules
-    # share shows as a group whose second hash differs: then by the names themselves
-    sums = [
-        pl.col("duration").sum().alias("cum"),
-        pl.col("self").sum(),
-        pl.col("lane").n_unique().alias("processes"),
-        pl.col("slot").n_unique().alias("ranks_paid"),
-        pl.len().alias("imports"),
-    ]
-    grouped = rows.group_by("key").agg(
-        pl.col("mod").first(), pl.col("check").min().alias("lo"), pl.col("check").max().alias("hi"), *sums
+    ).with_columns(pl.col("mod").hash().alias("key"))
+    # summed per module's 64-bit hash (a string group-by costs ~5x more), the top `limit` taken, and
+    # only their rows counted by name: a hash two modules share is never one module's
+    sums = rows.group_by("key").agg(pl.col("duration").sum().alias("cum"))
+    if sums.height > limit:  # the limit-th longest, then every module as long: ties stay in
+        sums = sums.filter(pl.col("cum") >= sums["cum"].top_k(limit).min())
+    slot = pl.col("lane").replace_strict(
+        dict(zip(lane_slot["lane"], lane_slot["slot"], strict=True)), return_dtype=pl.Int64
     )
-    if (grouped["lo"] != grouped["hi"]).any():
-        grouped = rows.group_by("mod").agg(*sums)
-    if grouped.height > limit:  # the limit-th longest, then every module as long: ties stay in
-        cut = grouped["cum"].top_k(limit).min()
-        grouped = grouped.filter(pl.col("cum") >= cut)
-    top = grouped.sort(["cum", "mod"], descending=[True, False]).head(limit)
+    top = (
+        rows.filter(pl.col("key").is_in(sums["key"].implode()))
+        .group_by("mod")
+        .agg(
+            pl.col("duration").sum().alias("cum"),
+            pl.col("self").sum(),
+            pl.col("lane").n_unique().alias("processes"),
+            slot.n_unique().alias("ranks_paid"),
+            pl.len().alias("imports"),
+        )
+        .sort(["cum", "mod"], descending=[True, False])
+        .head(limit)
+    )
     return [
         {
             "module": mod,

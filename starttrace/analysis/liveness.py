@@ -68,28 +68,6 @@ def dead_lanes(run: Run, lanes_by_id: dict[str, Any]) -> dict[int, tuple[Any, st
     return out
 
 
-def end_open_spans(ended: dict[int, tuple[Any, str]], nodes: list[Any]) -> None:
-    """End the open span nodes of the killed or lost lanes (`dead_lanes`) at the lane's last
-    record, the reason as their error (the nodes' `lane` is still the Lane object here)."""
-    if not ended:
-        return
-    last: dict[int, int] = {}
-    for n in nodes:
-        key = id(n.lane)
-        if key in ended:
-            t = n.start if n.end is None else n.end
-            if t > last.get(key, 0):
-                last[key] = t
-    for n in nodes:
-        entry = ended.get(id(n.lane))
-        if entry is not None and n.in_progress:
-            n.in_progress = False
-            n.end = max(last.get(id(n.lane), n.start), n.start)
-            n.instant = False
-            if not n.error:
-                n.error = f"{entry[1]}: the process ended before this span did (ended at its last record)"
-
-
 def run_status(run: Run) -> str:
     """The run's status as the model gives it (`lanes._status`, with `dead_lanes`)."""
     spans = run.spans

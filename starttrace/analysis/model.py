@@ -83,8 +83,7 @@ MODEL_SCHEMA: dict[str, pl.DataType] = {
     "error": pl.String(),
     "thread": pl.Int64(),
     "launched_by": pl.String(),
-    "attrs": pl.String(),
-    "attrs_pb": pl.Binary(),
+    "src": pl.Int64(),  # its row in `RunModel.side` (its attributes)
 }
 
 
@@ -248,6 +247,7 @@ class RunModel:
     ready_ns: int | None
     lanes: list[Lane]
     spans: pl.DataFrame  # MODEL_SCHEMA, one row per span (see the module)
+    side: pl.DataFrame  # every span's `attrs` and `attrs_pb` (run.SPAN_SCHEMA), in the run's order: row `src`
     phases: list[str]
     hotspots: list[dict[str, Any]]
     preload_advice: list[dict[str, Any]]
@@ -334,8 +334,12 @@ class RunModel:
         return rows[offsets[idx] : offsets[idx + 1]]
 
     def attrs_of(self, idx: int) -> dict[str, Any]:
-        text, raw = self.spans.select("attrs", "attrs_pb").row(idx)
+        text, raw = self.side.row(int(self.spans["src"][idx]))
         return decode_attrs(text, raw)
+
+    def attrs_columns(self, idx: pl.Series) -> pl.DataFrame:
+        """The `attrs` and `attrs_pb` cells of the rows `idx` (as stored: nothing decoded)."""
+        return self.side[self.spans["src"].gather(idx).to_numpy()]
 
 
 def rank_slot(lane: Lane) -> tuple[Any, ...]:

@@ -2,11 +2,12 @@
 HTTP, the store's writer and the models.
 
 With the store writing packed batches (one row per process and trace), decoding is most of what
-ingest costs the service: ~5 µs of Python per span (`sources.otlp.decode`: fields read, validated,
-one tuple), against ~3 µs for the writer. Here the body goes to a worker process (spawned once, at
-the service's start; like any spawned child it imports the service's main module), which decodes
-it and packs each process's spans (`sources.batches.pack_by_trace`), so what comes back pickled is
-a few blobs and id lists, and the writer stores a blob as it came: no Python loop per span is left
+ingest costs the service: several µs of Python per span (`sources.otlp.decode`: fields read,
+validated, the column attributes read, one tuple), against ~3 µs for the writer. Here the body goes
+to a worker process (spawned once, at the service's start; like any spawned child it imports the
+service's main module), which decodes it and packs each process's spans as columns
+(`sources.batches.pack_by_trace`: an Arrow IPC stream per trace), so what comes back pickled is a
+few blobs and id lists, and the writer stores a blob as it came: no Python loop per span is left
 in the service (docs/benchmarks.md, "Ingest: the store packed, decoding in a worker").
 
 Small bodies are decoded inline (a round trip to the worker would cost more than they do), and

@@ -12,8 +12,6 @@
   `LIVE_IDLE_S` instead: nothing is rebuilt every second next to a startup that is being traced.
 - While a model is built, the store's idle WAL checkpoint waits (`Store.deferring_checkpoints`):
   right after ingest it copied the whole ingest's pages next to the first request.
-- Memory: a model is built with the cyclic GC paused and the heap frozen after it; replaced and
-  evicted models are retired and released (`service.model_memory`).
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ from typing import Any
 from starttrace.analysis.clocks import correct_clocks
 from starttrace.analysis.lanes import build_model
 from starttrace.analysis.model import RunModel
-from starttrace.run import Run, gc_paused
-from starttrace.service.model_memory import RETRY_S, FrozenModels
+from starttrace.run import Run
 from starttrace.sources.run_groups import RunGroups
 from starttrace.sources.store import Store
 from starttrace.views.json import to_json
@@ -69,7 +66,6 @@ class ModelCache:
         self.errors: list[str] = []
         self.prebuilt = 0
         self._building: str | None = None
-        self._frozen = FrozenModels()
 
     @property
     def pending(self) -> int:
@@ -106,23 +102,15 @@ class ModelCache:
             model = self._current(run_id, version)
             if model is not None:
                 return model
-            with gc_paused():  # ~10 objects per span, none of them garbage (starttrace.run.gc_paused)
-                run = self.groups.load(run_id)
-                if run is None:
-                    return None
-                run = correct_clocks(run, owned=True)  # hosts on one clock (docs/multinode.md); run is ours
-                model = build_model(run)
-                with self._lock:
-                    old = self._models.get(run_id)
-                    if old is not None:
-                        self._frozen.retire(old[2])
-                        old = None
-                    self._models[run_id] = (run.version, time.monotonic(), model)
-                    self._runs[run_id] = run
-                    self._evict()
-                # frozen before the collector runs again: its first pass would walk the whole new model
-                self._frozen.built()
-            self._frozen.release()
+            run = self.groups.load(run_id)
+            if run is None:
+                return None
+            run = correct_clocks(run, owned=True)  # hosts on one clock (docs/multinode.md); run is ours
+            model = build_model(run)
+            with self._lock:
+                self._models[run_id] = (run.version, time.monotonic(), model)
+                self._runs[run_id] = run
+                self._evict()
             return model
 
     def _evict(self) -> None:
@@ -132,7 +120,6 @@ class ModelCache:
         while len(by_age) > 1 and (len(by_age) > MAX_MODELS or spans > MAX_MODEL_SPANS):
             key, entry = by_age.pop(0)
             spans -= len(entry[2].spans)
-            self._frozen.retire(entry[2])
             self._models.pop(key, None)
             self._json.pop(key, None)
             self._runs.pop(key, None)
@@ -184,9 +171,8 @@ class ModelCache:
         if entry is not None and entry.version == model.version and not entry.live and not model.live:
             entry.model_id = id(model)  # the same data: the answer loaded from the store stands
             return entry
-        with gc_paused():  # ~10 short-lived objects per row, none of them cyclic garbage
-            doc = first_payload(model)
-            body = json.dumps(doc, separators=(",", ":"), default=str).encode()
+        doc = first_payload(model)
+        body = json.dumps(doc, separators=(",", ":"), default=str).encode()
         for lane in doc["lanes"]:
             lane.pop("spans", None)
         entry = _First(model.version, id(model), model.live, body, doc)
@@ -235,9 +221,7 @@ class ModelCache:
     def forget(self, run_ids: list[str]) -> None:
         with self._lock:
             for rid in run_ids:
-                old = self._models.pop(rid, None)
-                if old is not None:
-                    self._frozen.retire(old[2])
+                self._models.pop(rid, None)
                 self._json.pop(rid, None)
                 self._runs.pop(rid, None)
                 self._first.pop(rid, None)
@@ -272,15 +256,8 @@ class ModelCache:
 
     def _prebuild_loop(self) -> None:
         while not self._stop.is_set():
-            if self._dirty:
-                timeout: float | None = max(0.05, float(self.idle_s or 0))
-            else:
-                timeout = RETRY_S if self._frozen.pending else self._frozen.idle_collect_in()
-            self._wake.wait(timeout=timeout)
+            self._wake.wait(timeout=max(0.05, float(self.idle_s or 0)) if self._dirty else None)
             self._wake.clear()
-            self._frozen.release()
-            if not self._dirty and not self.store.queued_spans:
-                self._frozen.collect_if_idle()
             while self._saves:  # before stopping too: a restart then answers from the store
                 run_id, (version, body) = self._saves.popitem()
                 self._save(run_id, version, body)

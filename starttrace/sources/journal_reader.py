@@ -7,7 +7,7 @@ run's `ready`), so every reader shows the same lanes.
 
 A journal is read line by line into `Span`s (the records are JSON lines: per-record work is
 inherent); the rules that join the journals (ends, parents, lane ends, self times) run over those,
-and the run's span table (`Run.spans`) is built once, at the end (`run.spans_table`).
+and the run's span table (`Run.spans`) is built once, at the end, column by column (`_table`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from starttrace.boot import default_journal_root, process_start_monotonic
-from starttrace.run import NOT_PYTHON, Process, Run, Span, journal_cut, spans_table
+from starttrace.run import (
+    LAUNCHED_BY_KEY,
+    MODULE_KEY,
+    NOT_PYTHON,
+    PHASE_KEY,
+    SELF_US_KEY,
+    SPAN_SCHEMA,
+    Process,
+    Run,
+    Span,
+    as_int64,
+    journal_cut,
+)
 from starttrace.sources.journal_files import CLOCK_PREFIX, journal_files, journal_lines, parse_record
 from starttrace.sources.plausible import drop_implausible
 
@@ -293,22 +307,50 @@ def read_run(run_dir: Path) -> Run:
         span.in_progress = span.end_ns is None
     owned.sort(key=lambda item: item[0].created_ns)
     processes = [p for p, _ in owned]
-    rows = ((p.instance_id, span) for p, spans in owned for span in spans)
     service = meta.get("service") if isinstance(meta.get("service"), str) else None
-    run = Run(
-        run_id,
-        trace_id,
-        root_span_id,
-        meta,
-        processes,
-        problems,
-        root_spans,
-        spans_table(rows),
-        run_dir,
-        service=service,
-    )
+    spans = _table(owned)
+    run = Run(run_id, trace_id, root_span_id, meta, processes, problems, root_spans, spans, run_dir, service=service)
     drop_implausible(run)
     return run
+
+
+# one encoder (json.dumps(default=...) makes one per call); compact: the text is what the store keeps
+_encode = json.JSONEncoder(default=str, separators=(",", ":")).encode
+_I64 = (-(2**63), 2**63 - 1)
+
+
+def _table(owned: list[tuple[Process, list[Span]]]) -> pl.DataFrame:
+    """The processes' spans as the run's span table (`run.SPAN_SCHEMA`), built column by column
+    (the values `run.spans_table` gives span by span)."""
+    spans = [span for _, own in owned for span in own]
+    lanes = [p.instance_id for p, own in owned for _ in own]
+    attrs = [s.attrs for s in spans]
+    lo, hi = _I64
+    starts = [s.start_ns for s in spans]
+    ends = [s.end_ns for s in spans]
+    if not all(lo <= t <= hi for t in starts):
+        starts = [as_int64(t) for t in starts]
+    if not all(t is None or lo <= t <= hi for t in ends):
+        ends = [t if t is None else as_int64(t) for t in ends]
+    cols: dict[str, Any] = {
+        "lane": lanes,
+        "span_id": [s.span_id for s in spans],
+        "parent_id": [s.parent_id for s in spans],
+        "name": [s.name for s in spans],
+        "start": starts,
+        "end": ends,
+        "in_progress": [s.in_progress or s.end_ns is None for s in spans],
+        "instant": [s.instant for s in spans],
+        "error": [s.error for s in spans],
+        "thread": [t if type(t) is int and lo <= t <= hi else None for t in (s.thread for s in spans)],
+        "phase": [v if type(v) is str and v else None for v in (a.get(PHASE_KEY) for a in attrs)],
+        "module": [v if type(v) is str else None for v in (a.get(MODULE_KEY) for a in attrs)],
+        "self_us": [float(v) if type(v) in (int, float) else None for v in (a.get(SELF_US_KEY) for a in attrs)],
+        "launched_by": [v if type(v) is str and v else None for v in (a.get(LAUNCHED_BY_KEY) for a in attrs)],
+        "attrs": [_encode(a) if a else None for a in attrs],
+        "attrs_pb": [None] * len(spans),
+    }
+    return pl.DataFrame(cols, schema=SPAN_SCHEMA)
 
 
 def _own_span(process: Process, spans: list[Span]) -> Span | None:

@@ -3,8 +3,9 @@
 - OTLP/JSON ids are hex: they are converted before `json_format` reads the message (which would
   otherwise read them as base64).
 - Spans with bad ids or out-of-range times are rejected one by one (partial success).
-- Each span is kept as its raw protobuf bytes; its attributes are decoded only when a run is
-  loaded from the store (`span_attrs`).
+- Each span is kept as its raw protobuf bytes; the attributes the analysis reads of every span
+  (`run.COLUMN_KEYS`) are read once here, from the parsed span, and become columns of the stored
+  batch; the others are decoded only for the rows that ask (`span_attrs`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from starttrace.run import LAUNCHED_BY_KEY, MODULE_KEY, PHASE_KEY, SELF_US_KEY
 from starttrace.sources.batches import IngestBatch, ProcessBatch, SpanTuple
 
 PROTOBUF = "application/x-protobuf"
@@ -232,13 +233,38 @@ def _scope_suffix(scope: str) -> bytes:
     return _ATTR_TAG + varint(len(kv)) + kv
 
 
-def _in_progress(span: Span) -> bool:
-    value = False
-    for kv in span.attributes:
-        if kv.key == _IN_PROGRESS:
-            v = kv.value
-            value = v.WhichOneof("value") == "bool_value" and v.bool_value
-    return value
+_NUMBERS = ("double_value", "int_value")
+_COLUMNS = {PHASE_KEY: 0, MODULE_KEY: 1, SELF_US_KEY: 2, LAUNCHED_BY_KEY: 3, _IN_PROGRESS: 4}
+
+
+def _own_attrs(attributes: Any, maybe_open: bool) -> tuple[bool, Any, Any, Any, Any]:
+    """`starttrace.in_progress` and the column attributes of a span (`run.column_values`' rule: a
+    phase or launched-by that is a non-empty string, a module that is a string, a self time that is
+    a number; else None), in one walk of its parsed attributes (a repeated key: the last one wins,
+    as in `span_attrs`). A string value is read as such; its kind is asked only when it is empty
+    (an empty string, or a value of another kind)."""
+    in_progress = False
+    phase = module = self_us = launched = None
+    columns = _COLUMNS
+    for kv in attributes:
+        which = columns.get(kv.key)
+        if which is None:
+            continue
+        v = kv.value
+        if which == 0:
+            phase = v.string_value or None
+        elif which == 1:
+            module = v.string_value
+            if not module and v.WhichOneof("value") != "string_value":
+                module = None
+        elif which == 2:
+            kind = v.WhichOneof("value")
+            self_us = float(v.double_value if kind == "double_value" else v.int_value) if kind in _NUMBERS else None
+        elif which == 3:
+            launched = v.string_value or None
+        elif maybe_open:
+            in_progress = v.WhichOneof("value") == "bool_value" and v.bool_value
+    return in_progress, phase, module, self_us, launched
 
 
 _AttrsOnly: Any = None
@@ -285,9 +311,9 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
     """Rows from a request (its protobuf bytes, or a parsed message).
 
     The request is parsed twice, each time whole and in C: with the OTLP schema, for each span's
-    fields (a malformed span fails the request), and with `_LiteRequest`, for each span's raw bytes.
-    Those bytes (plus the scope name as one more attribute) are the stored attributes, decoded only
-    when a run's model is built (`store.decode_attrs`). Parsing each span on its own, as before, cost
+    fields and its column attributes (a malformed span fails the request), and with `_LiteRequest`,
+    for each span's raw bytes. Those bytes (plus the scope name as one more attribute) are the stored
+    attributes, decoded only for the rows that ask (`run.decode_attrs`). Parsing each span on its own, as before, cost
     ~3x more per span than this whole-request parse (a message and its arena per span)."""
     # Long by design: the ingest hot loop (every span of every request): names bound as locals and validation inlined,
     # measured for the ingest benchmark.
@@ -301,10 +327,11 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
     zero_trace = _ZERO_TRACE
     zero_span = _ZERO_SPAN
     max_ns = _MAX_NS
-    in_progress_b, error_code = _IN_PROGRESS_B, _STATUS_ERROR
+    error_code = _STATUS_ERROR
+    ours_b, own_attrs = b"starttrace.", _own_attrs
     # whole-request byte searches: where a key is nowhere in the request, no span needs the check
     # (most requests of a finished startup have no span in progress and no exception event)
-    maybe_open = in_progress_b in msg
+    maybe_open = _IN_PROGRESS_B in msg
     maybe_exception = _EXCEPTION_B in msg
     last_tid, last_hex = b"", ""  # the spans of a request mostly share one trace id
     for rs, rs_raw in zip(full.resource_spans, lite.resource_spans, strict=True):
@@ -359,8 +386,12 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
                     continue
                 if end < start:
                     end = start
-                # a byte search first: the attribute list is read only when the key may be there
-                in_progress = maybe_open and in_progress_b in raw and _in_progress(sp)
+                # a byte search first: the attribute list is read only when a key it looks for may be there
+                if ours_b in raw:
+                    in_progress, phase, module, self_us, launched = own_attrs(sp.attributes, maybe_open)
+                else:
+                    in_progress = False
+                    phase = module = self_us = launched = None
                 if suffix is not None and not (
                     _SCOPE_KEY_B in raw and any(kv.key == _SCOPE_KEY for kv in sp.attributes)
                 ):
@@ -386,11 +417,15 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
                         sp.name,
                         start,
                         end,
-                        1 if in_progress else 0,
-                        1 if end == start and not in_progress else 0,
+                        in_progress,
+                        end == start and not in_progress,
                         raw,
                         error,
                         None,
+                        phase,
+                        module,
+                        self_us,
+                        launched,
                     )
                 )
                 accepted += 1

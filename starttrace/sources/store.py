@@ -5,9 +5,10 @@ journal updates both go through it); readers use one connection per thread (WAL 
 while the writer writes). Every SQL statement takes its values as parameters.
 
 Spans are stored packed: one row per (lane, trace) of each ingest batch (`span_batches`), its
-spans one `marshal` blob of `SpanTuple`s (`sources.batches.pack_spans`), in arrival order. A row
-per span made SQLite's insert the bound of ingest (docs/benchmarks.md); one row per batch leaves
-it a blob write.
+spans one Arrow IPC stream of the run's span columns (`sources.batches`: `run.SPAN_SCHEMA` but the
+lane), in arrival order. A row per span made SQLite's insert the bound of ingest
+(docs/benchmarks.md); one row per batch leaves it a blob write. A run is read back as one table:
+its batches' streams read as one, the lane a column from the batch rows (`load_rows`).
 
 A span is unique by (trace_id, span_id): the same span arriving twice (twice the same OTLP batch,
 or through the journal and through an exporter) is one span of the run. A span still in progress
@@ -15,12 +16,14 @@ is replaced when it arrives again; an ended span is replaced only by an ended co
 (end or attributes), and never by an in-progress copy of itself. The writer knows each trace's
 stored span ids in memory (`_SpanKeys`, read back from the trace's batches when a trace is first
 touched after a start), counts only new spans (`span_batches.spans`: a run's span count is their
-sum) and drops a copy that could never win; the reader applies the rule (`lane_reader.merge_copy`) as it
-reads the batches in arrival order, keeping each span at its first position.
+sum) and drops a copy that could never win; the reader applies the rule (`merge_copies`, a table
+operation, only when a batch repeats spans) keeping each span at its first position.
 
-Schema version (`PRAGMA user_version`): 4. A version-3 or version-2 file (one row per span in
-`spans`) is upgraded in place when opened (its rows packed into batches, `spans` dropped); an
-older file (spans without `lane`) is refused with `SchemaError`.
+Schema version (`PRAGMA user_version`): 5. A version-4 file (batches as `marshal` blobs of tuples)
+is converted in place when opened (`upgrade_marshal_batches`: each blob rewritten as columns, its
+column attributes read once); a version-3 or version-2 file (one row per span in `spans`) is
+upgraded in place (its rows packed into batches, `spans` dropped); an older file (spans without
+`lane`) is refused with `SchemaError`.
 """
 
 from __future__ import annotations
@@ -37,12 +40,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starttrace.run import Process, Run, Span, gc_paused, int_or_none
-from starttrace.sources.batches import IngestBatch, PackedSpans, ProcessBatch, SpanTuple, pack_spans, unpack_spans
-from starttrace.sources.lane_reader import LaneReader, LiveReads, decode_attrs, lazy_attrs, span_row
+import polars as pl
+
+from starttrace.run import SPAN_SCHEMA, Process, Run, Span, decode_attrs, int_or_none, span_of
+from starttrace.sources.batches import (
+    IngestBatch,
+    PackedSpans,
+    ProcessBatch,
+    SpanTuple,
+    pack_spans,
+    read_packed,
+    unpack_spans,
+    write_packed,
+)
 from starttrace.sources.plausible import drop_implausible
 
-__all__ = ["RunRows", "SchemaError", "Store", "decode_attrs", "lazy_attrs", "run_from_rows"]
+__all__ = [
+    "IngestBatch",
+    "ProcessBatch",
+    "RunRows",
+    "SchemaError",
+    "SpanTuple",
+    "Store",
+    "decode_attrs",
+    "merge_copies",
+    "run_from_rows",
+]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -93,9 +116,8 @@ CREATE TABLE IF NOT EXISTS span_batches (
     lane INTEGER NOT NULL,  -- lanes.id: (run_id, lane_id, source) of the process that sent them
     trace INTEGER NOT NULL,  -- traces.id
     spans INTEGER NOT NULL,  -- how many of them were not stored before (a run's span count: the sum)
-    body BLOB NOT NULL  -- sources.batches.pack_spans(list of SpanTuple), all of this row's trace: the
-                        -- SpanTuple as the writer got it (the trace id, one string object per batch,
-                        -- costs marshal a back-reference per span)
+    body BLOB NOT NULL,  -- sources.batches.write_packed: an Arrow IPC stream of the span columns
+    rows INTEGER NOT NULL DEFAULT 0  -- the spans in body (new or not)
 );
 CREATE INDEX IF NOT EXISTS span_batches_lane ON span_batches(lane);
 CREATE INDEX IF NOT EXISTS span_batches_trace ON span_batches(trace);
@@ -114,22 +136,6 @@ CREATE TABLE IF NOT EXISTS views (
 """
 
 
-SPAN_COLUMNS = (
-    "trace_id",
-    "span_id",
-    "lane_id",
-    "parent_id",
-    "name",
-    "start_ns",
-    "end_ns",
-    "in_progress",
-    "instant",
-    "attrs",
-    "error",
-    "thread",
-)
-
-
 @dataclass
 class RunRows:
     """Everything stored about one run, as read back for analysis."""
@@ -143,18 +149,12 @@ class RunRows:
     meta: dict[str, Any]
     problems: list[str]
     processes: list[dict[str, Any]]
-    # lane id -> its spans as the run type, in arrival order, each span once, links read
-    lanes: dict[str, list[Span]]
+    # every span of the run once (`merge_copies`), in arrival order: run.SPAN_SCHEMA
+    spans: pl.DataFrame
     unreadable: int = 0  # stored batches that could not be decoded (reported as a problem of the run)
 
-    @property
-    def spans(self) -> list[tuple[Any, ...]]:
-        """Every span as one SPAN_COLUMNS row, its trace_id None (tests and tools; the run type
-        reads `lanes`)."""
-        return [(None, s.span_id, lane_id, *span_row(s)[2:]) for lane_id, spans in self.lanes.items() for s in spans]
 
-
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # span ids the writer keeps in memory (`_SpanKeys`); past this, the least recently written traces
 # are forgotten (and read back from the store if they are written again)
 MAX_KEPT_KEYS = 2_000_000  # ~100 bytes each: ~200 MB at most (the model cache holds up to 2M spans too)
@@ -164,11 +164,12 @@ UPGRADE_BATCH_SPANS = 4096
 _RUN_LANES = "SELECT id FROM lanes WHERE run_id = ?"
 _RUN_LANE_IDS = "SELECT id, lane_id FROM lanes WHERE run_id = ?"
 # in the lane index's order, sorted by seq in Python: an ORDER BY here copied every blob into a
-# temporary B-tree (four copies of the run's bytes, a quarter of `load_rows`)
-_RUN_BATCHES = "SELECT seq, lane, trace, spans FROM span_batches WHERE lane IN (SELECT id FROM lanes WHERE run_id = ?)"
-_BATCH_BODY = "SELECT body FROM span_batches WHERE seq = ?"
+# temporary B-tree (four copies of the run's bytes)
+_RUN_BATCHES = (
+    "SELECT seq, lane, trace, spans, rows, body FROM span_batches WHERE lane IN (SELECT id FROM lanes WHERE run_id = ?)"
+)
 _SEQ = operator.itemgetter(0)
-_BATCH_INSERT = "INSERT INTO span_batches(lane, trace, spans, body) VALUES (?, ?, ?, ?)"
+_BATCH_INSERT = "INSERT INTO span_batches(lane, trace, spans, body, rows) VALUES (?, ?, ?, ?, ?)"
 
 
 class SchemaError(RuntimeError):
@@ -209,11 +210,11 @@ class _SpanKeys:
             )
             for (body,) in rows:
                 try:
-                    spans = unpack_spans(body)
+                    frame = unpack_spans(body)
                 except ValueError:
                     continue  # the reader reports it
-                for sp in spans:
-                    keys[sp[1]] = sp[6] if keys.get(sp[1], 1) else 0
+                for sid, is_open in zip(frame["span_id"].to_list(), frame["in_progress"].to_list(), strict=True):
+                    keys[sid] = int(is_open) if keys.get(sid, 1) else 0
             self._count += len(keys)
         self._by_trace[(run_id, trace)] = keys  # now the most recently written
         return keys
@@ -242,7 +243,7 @@ def upgrade_span_rows(conn: sqlite3.Connection) -> None:
 
         def flush(key: tuple[int, int]) -> None:
             spans = chunks.pop(key)
-            conn.execute(_BATCH_INSERT, (key[0], key[1], len(spans), pack_spans(spans)))
+            conn.execute(_BATCH_INSERT, (key[0], key[1], len(spans), pack_spans(spans), len(spans)))
 
         rows = conn.execute(
             "SELECT s.lane, s.trace, t.trace_id, s.span_id, s.parent_id, s.name, s.start_ns, s.end_ns, s.in_progress,"
@@ -262,6 +263,50 @@ def upgrade_span_rows(conn: sqlite3.Connection) -> None:
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def batch_cols_of(conn: sqlite3.Connection) -> set[str]:
+    return {r[1] for r in conn.execute("PRAGMA table_info(span_batches)")}
+
+
+def _marshal_spans(body: bytes) -> list[SpanTuple]:
+    """A version-4 batch: a `marshal` blob of 11-field span tuples (ValueError: not one)."""
+    import marshal
+
+    try:
+        spans = marshal.loads(body)
+    except (EOFError, TypeError, ValueError) as exc:
+        raise ValueError(f"unreadable span batch: {exc}") from None
+    if type(spans) is not list or any(type(s) is not tuple or len(s) != 11 for s in spans):
+        raise ValueError("unreadable span batch: not a list of span tuples")
+    return spans
+
+
+def upgrade_marshal_batches(conn: sqlite3.Connection) -> int:
+    """Rewrite a version-4 file's batches (`marshal` blobs of span tuples) as span columns, each
+    span's column attributes read once from its stored attributes (`pack_spans`), and count their
+    rows; a blob that cannot be read is left as it is (the reader reports it). One transaction: an
+    interrupted upgrade leaves the old file as it was. Returns the batches rewritten."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute("ALTER TABLE span_batches ADD COLUMN rows INTEGER NOT NULL DEFAULT 0")
+        done = 0
+        seqs = [int(r[0]) for r in conn.execute("SELECT seq FROM span_batches ORDER BY seq")]
+        for seq in seqs:  # one blob at a time: a large file is not read into memory at once
+            (body,) = conn.execute("SELECT body FROM span_batches WHERE seq = ?", (seq,)).fetchone()
+            try:
+                spans = _marshal_spans(body)
+            except ValueError:
+                continue
+            conn.execute(
+                "UPDATE span_batches SET body = ?, rows = ? WHERE seq = ?", (pack_spans(spans), len(spans), seq)
+            )
+            done += 1
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return done
 
 
 def _acknowledge(batches: list[IngestBatch]) -> None:
@@ -300,8 +345,6 @@ class Store:
         self.write_lock = threading.Lock()  # held by the writer while it writes (tests hold it to stall it)
         self._local = threading.local()
         self._trace_runs: dict[str, str] = {}
-        self._live = LiveReads()  # spans of runs being ingested, read as they are written (lane_reader)
-        self._moved_runs: set[str] = set()  # runs whose batches a write moved (_resolve_run)
         self._lane_ids: dict[tuple[str, str, str], int] = {}  # (run_id, lane_id, source) -> lanes.id
         self._trace_ids: dict[str, int] = {}  # trace id -> traces.id
         if self.path != ":memory:" and Path(self.path).exists():
@@ -314,7 +357,10 @@ class Store:
                     " lanes); it is not migrated: delete the file or choose another --db"
                 )
         self._writer_conn = self._connect()
+        old_batches = batch_cols_of(self._writer_conn)
         self._writer_conn.executescript(SCHEMA)
+        if old_batches and "rows" not in old_batches:
+            upgrade_marshal_batches(self._writer_conn)  # schema 4: marshal blobs of tuples
         if span_cols_of(self._writer_conn):
             upgrade_span_rows(self._writer_conn)  # schema 2 or 3: one row per span
         self._writer_conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -509,7 +555,6 @@ class Store:
             conn.execute("DELETE FROM processes WHERE run_id = ?", (known,))
             conn.execute("DELETE FROM runs WHERE run_id = ?", (known,))
             self._trace_runs[trace_id] = run_id
-            self._moved_runs.update((known, run_id))  # their batches' order changed: no live reader
             self._span_keys.reset()  # the moved batches' spans are the new run's now
 
     def _write_batches(self, batches: list[IngestBatch]) -> None:
@@ -518,10 +563,7 @@ class Store:
         now = time.time()
         stored: dict[str, int] = {}
         touched: dict[str, list[Any]] = {}  # run_id -> [trace_id, service, source, first, last]
-        # span_batches rows (lane, trace, new spans, body), each with its run id and lane id
-        pending: list[tuple[int, int, int, bytes, str, str]] = []
-        versions: dict[str, int] = {}  # runs.version each touched run has after this write
-        self._moved_runs.clear()
+        pending: list[tuple[int, int, int, bytes, int]] = []  # span_batches rows (lane, trace, new spans, body, rows)
         with self.write_lock:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -546,10 +588,10 @@ class Store:
                     for proc in batch.processes:
                         self._write_process(conn, proc, touched, stored, pending)
                 if pending:
-                    conn.executemany(_BATCH_INSERT, [p[:4] for p in pending])
+                    conn.executemany(_BATCH_INSERT, pending)
                 self._span_keys.trim()
                 for run_id, (trace_id, service, source, first, last) in touched.items():
-                    version = conn.execute(
+                    conn.execute(
                         "INSERT INTO runs(run_id, trace_id, service, source, first_ns, last_ns, created_at,"
                         " updated_at, version) VALUES (?,?,?,?,?,?,?,?,1) ON CONFLICT(run_id) DO UPDATE SET"
                         " trace_id = COALESCE(runs.trace_id, excluded.trace_id),"
@@ -560,14 +602,11 @@ class Store:
                         "   COALESCE(excluded.first_ns, runs.first_ns)),"
                         " last_ns = MAX(COALESCE(runs.last_ns, excluded.last_ns),"
                         "   COALESCE(excluded.last_ns, runs.last_ns)),"
-                        " updated_at = excluded.updated_at, version = runs.version + 1 RETURNING version",
+                        " updated_at = excluded.updated_at, version = runs.version + 1",
                         (run_id, trace_id, service, source, first, last, now, now),
-                    ).fetchall()
-                    versions[run_id] = int(version[0][0])
-                with self._live.lock:  # a load sees the commit together with what the live readers got of it
-                    conn.execute("COMMIT")
-                    _acknowledge(batches)  # on disk now: the receiver answers while the rest goes on
-                    self._feed_live(pending, versions)
+                    )
+                conn.execute("COMMIT")
+                _acknowledge(batches)  # on disk now: the receiver answers while the rest goes on
             except BaseException:
                 conn.execute("ROLLBACK")
                 self._lane_ids.clear()  # ids created by the rolled-back transaction
@@ -586,25 +625,6 @@ class Store:
                 self.on_stored(source, n)
         if self.on_runs_written is not None and touched:
             self.on_runs_written(list(touched))
-
-    def _feed_live(self, pending: list[tuple[int, int, int, bytes, str, str]], versions: dict[str, int]) -> None:
-        """After a commit: a reader for each run this write created, and the batches written to the
-        readers of their runs (`lane_reader.LiveReads`). A failure here costs only the readers."""
-        live = self._live
-        try:
-            live.drop(self._moved_runs)
-            for run_id, version in versions.items():
-                if version == 1 and run_id not in self._moved_runs:
-                    live.begin(run_id)
-            for _lane_ref, trace, added, body, run_id, lane in pending:
-                reader = live.reader(run_id)
-                if reader is not None:
-                    reader.add(lane, trace, added, body)
-            live.committed(versions)
-        except Exception as exc:  # the runs are read back from the database instead
-            live.clear()
-            self.errors.append(f"reading spans alongside the writer: {type(exc).__name__}: {exc}")
-            del self.errors[:-20]
 
     def _lane_ref(self, conn: sqlite3.Connection, run_id: str, lane_id: str, source: str) -> int:
         """lanes.id of (run_id, lane_id, source), created if new (inside the writer's transaction)."""
@@ -667,7 +687,7 @@ class Store:
         proc: ProcessBatch,
         touched: dict[str, list[Any]],
         stored: dict[str, int],
-        pending: list[tuple[int, int, int, bytes, str, str]],
+        pending: list[tuple[int, int, int, bytes, int]],
     ) -> None:
         # Long by design: one process's rows inside the writer's transaction; the long part is one SQL upsert statement
         # and its parameters.
@@ -731,7 +751,7 @@ class Store:
             if run_groups:
                 lane_ref = self._lane_ref(conn, run_id, lane, proc.source)
                 for g in run_groups:
-                    self._span_batch(conn, g, lane_ref, pending, run_id, lane)
+                    self._span_batch(conn, g, lane_ref, pending, run_id)
                     n += len(g.span_ids)
                 first: int | None = min(g.first_ns for g in run_groups)
                 last: int | None = max(g.last_ns for g in run_groups)
@@ -754,14 +774,13 @@ class Store:
         conn: sqlite3.Connection,
         g: PackedSpans,
         lane_ref: int,
-        pending: list[tuple[int, int, int, bytes, str, str]],
+        pending: list[tuple[int, int, int, bytes, int]],
         run_id: str,
-        lane: str,
     ) -> None:
         """One process's spans of one trace as a packed row. A span stored already goes in again
-        for the reader's rule (`lane_reader.merge_copy`), unless it is an in-progress copy of a span that has
+        for the reader's rule (`merge_copies`), unless it is an in-progress copy of a span that has
         ended (that copy never wins); it is not counted again. Spans all new (the common case) are
-        checked and noted in C: no Python loop per span, the body stored as it came."""
+        noted with no Python loop per span, the body stored as it came."""
         trace = self._trace_ids.get(g.trace_id)
         if trace is None:
             trace = self._trace_ref(conn, g.trace_id)
@@ -771,32 +790,29 @@ class Store:
             if g.open_ids:
                 ids.update(dict.fromkeys(g.open_ids, 1))
             keys.update(ids)
-            added, body = len(ids), g.body
+            added, body, rows = len(ids), g.body, len(g.span_ids)
         else:
-            kept, added = [], 0
-            for s in unpack_spans(g.body):
-                sid, is_open = s[1], s[6]
+            frame = unpack_spans(g.body)
+            keep, added = [], 0
+            for sid, is_open in zip(frame["span_id"].to_list(), frame["in_progress"].to_list(), strict=True):
                 old = keys.get(sid)
                 if old is None:
-                    keys[sid] = is_open
+                    keys[sid] = int(is_open)
                     added += 1
                 elif old:
-                    keys[sid] = is_open
+                    keys[sid] = int(is_open)
                 elif is_open:
-                    continue  # an in-progress copy of an ended span
-                kept.append(s)
-            if not kept:
+                    keep.append(False)  # an in-progress copy of an ended span
+                    continue
+                keep.append(True)
+            rows = sum(keep)
+            if not rows:
                 return
-            body = pack_spans(kept)
-        pending.append((lane_ref, trace, added, body, run_id, lane))
+            body = g.body if rows == frame.height else write_packed(frame.filter(pl.Series(keep)))
+        pending.append((lane_ref, trace, added, body, rows))
         self._span_keys.added(added)
 
     # reads ---------------------------------------------------------------------------------
-    @property
-    def live_runs(self) -> list[str]:
-        """Runs whose spans are being read alongside the writer (`lane_reader.LiveReads`)."""
-        return self._live.runs
-
     def run_version(self, run_id: str) -> int | None:
         row = self._reader().execute("SELECT version FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         return None if row is None else int(row[0])
@@ -863,9 +879,8 @@ class Store:
 
     def load_run(self, run_id: str) -> Run | None:
         """The stored run as the run type (None: unknown run id)."""
-        with gc_paused():
-            rows = self.load_rows(run_id)
-            return None if rows is None else run_from_rows(rows)
+        rows = self.load_rows(run_id)
+        return None if rows is None else run_from_rows(rows)
 
     def load_rows(self, run_id: str) -> RunRows | None:
         conn = self._reader()
@@ -885,24 +900,17 @@ class Store:
             rows = conn.execute(f"SELECT {cols} FROM processes WHERE run_id = ?", (run_id,))
             procs = [dict(zip(names, r, strict=True)) for r in rows]
             problems = [str(r[0]) for r in conn.execute("SELECT message FROM problems WHERE run_id = ?", (run_id,))]
-            reader = self._live.take(run_id, int(row[4]))  # read alongside the writer: nothing to read here
-            if reader is None:
-                reader = LaneReader()
-                lane_names = dict(conn.execute(_RUN_LANE_IDS, (run_id,)).fetchall())
-                batches = conn.execute(_RUN_BATCHES, (run_id,)).fetchall()
-                batches.sort(key=_SEQ)  # arrival order (one row per batch: a few hundred)
-                for seq, lane_ref, trace_ref, new_spans in batches:
-                    # each blob on its own: all at once were the largest block of fresh memory of a load
-                    body = conn.execute(_BATCH_BODY, (seq,)).fetchone()
-                    reader.add(
-                        lane_names.get(lane_ref, f"lane:{lane_ref}"), trace_ref, new_spans, body[0] if body else b""
-                    )
-            lanes, unreadable = reader.lanes(), reader.unreadable
+            lane_names = dict(conn.execute(_RUN_LANE_IDS, (run_id,)).fetchall())
+            batches = conn.execute(_RUN_BATCHES, (run_id,)).fetchall()
         finally:
             conn.execute("COMMIT")
         for p in procs:
             for key in ("resource", "warnings", "preloaded"):
                 p[key] = json.loads(p[key]) if p[key] else ({} if key == "resource" else [])
+        batches.sort(key=_SEQ)  # arrival order (one row per batch: a few hundred)
+        spans, unreadable = spans_of_batches(
+            [(lane_names.get(b[1], f"lane:{b[1]}"), int(b[2]), int(b[3]), int(b[4]), b[5]) for b in batches]
+        )
         if unreadable:
             problems.append(f"{unreadable} stored span batch(es) of this run could not be read and were left out")
         return RunRows(
@@ -915,7 +923,7 @@ class Store:
             meta=json.loads(row[6]) if row[6] else {},
             problems=problems,
             processes=procs,
-            lanes=lanes,
+            spans=spans,
             unreadable=unreadable,
         )
 
@@ -981,8 +989,6 @@ class Store:
                 self._lane_ids.clear()
                 self._iid_owners.clear()
                 self._span_keys.reset()
-        with self._live.lock:
-            self._live.drop(ids)
         self._unchecked_spans += len(ids)
         for rid in ids:
             for t, r in list(self._trace_runs.items()):
@@ -1003,27 +1009,121 @@ class Store:
         return ids
 
 
+def spans_of_batches(batches: list[tuple[str, int, int, int, bytes]]) -> tuple[pl.DataFrame, int]:
+    """Stored batches (lane id, trace ref, new spans, rows, body), in arrival order, as the run's span
+    table (run.SPAN_SCHEMA), every span once (`merge_copies`, only when a batch repeats spans), and
+    how many batches could not be read."""
+    frame, counts = read_packed([b[4] for b in batches], [b[3] for b in batches])
+    unreadable = sum(1 for b, n in zip(batches, counts, strict=True) if n == 0 and b[3])
+    kept = [(b[0], b[1], n) for b, n in zip(batches, counts, strict=True) if n]
+    repeats = any(b[2] < n for b, n in zip(batches, counts, strict=True) if n)
+    if not kept:
+        return pl.DataFrame(schema=SPAN_SCHEMA), unreadable
+    # each row's batch, as an index into the batches kept: the lane (and trace) columns gathered by it
+    which = pl.select(
+        pl.int_range(len(kept), dtype=pl.UInt32).repeat_by(pl.Series([k[2] for k in kept])).explode(empty_as_null=False)
+    )
+    which = which.to_series()
+    lane = pl.Series("lane", [k[0] for k in kept], dtype=pl.String).gather(which)
+    if not repeats:
+        return frame.insert_column(0, lane), unreadable
+    trace = pl.Series("_trace", [k[1] for k in kept], dtype=pl.Int64).gather(which)
+    spans = merge_copies(frame.insert_column(0, lane).with_columns(trace))
+    return spans.select(list(SPAN_SCHEMA)), unreadable
+
+
+_FIRST_COPY = ["lane", "start", "instant", "thread"]  # kept from a span's first copy
+
+
+def merge_copies(spans: pl.DataFrame) -> pl.DataFrame:
+    """Spans (with `_trace`, in arrival order) each once: a span (trace, span id) that came more
+    than once is one row, at its first copy's place, with the first copy's lane, start, `instant`
+    and thread, and the rest of the copy that won. Copies are taken in arrival order: a later copy
+    wins if the span so far is in progress, or if both have ended and they differ in end or
+    attributes. So once a copy has ended, only ended copies win, and the values the span ends with
+    are the last ended copy's; the copy that won is the last ended one that differs from the ended
+    copy before it (or is the first ended), else (none ended) the last copy."""
+    key = ["_trace", "span_id"]
+    spans = spans.with_row_index("_pos")
+    dup_mask = spans.select(pl.struct(key).is_duplicated()).to_series()
+    if not dup_mask.any():
+        return spans.drop("_pos")
+    dup = spans.filter(dup_mask)
+    changed = (
+        dup.filter(~pl.col("in_progress"))
+        .filter(
+            (pl.int_range(pl.len()).over(key) == 0)
+            | pl.col("end").ne_missing(pl.col("end").shift(1).over(key))
+            | pl.col("attrs").ne_missing(pl.col("attrs").shift(1).over(key))
+            | pl.col("attrs_pb").ne_missing(pl.col("attrs_pb").shift(1).over(key))
+        )
+        .group_by(key)
+        .agg(pl.col("_pos").max().alias("_won"))
+    )
+    copies = dup.group_by(key).agg(pl.col("_pos").min().alias("_first"), pl.col("_pos").max().alias("_last"))
+    won = copies.join(changed, on=key, how="left").select("_first", pl.coalesce("_won", "_last").alias("_won"))
+    firsts = dup.join(won, left_on="_pos", right_on="_first", how="inner").select("_pos", *_FIRST_COPY, "_won")
+    merged = firsts.join(dup.drop(*_FIRST_COPY).rename({"_pos": "_won"}), on="_won", how="left").drop("_won")
+    rest = spans.filter(~dup_mask)
+    return pl.concat([rest, merged.select(rest.columns)]).sort("_pos").drop("_pos")
+
+
 def run_from_rows(rows: RunRows) -> Run:
     """Stored rows as the run type. The run's root spans (`startup` spans whose parent is not in
-    the run) are kept apart, as the journal reader does."""
-    by_lane = dict(rows.lanes)
-    # roots: `startup` spans whose parent is not a span of the run; the run's span ids are looked
-    # at only for the parents those spans name (a set of every id cost more than the rest of this)
-    startups = {lane: got for lane, spans in by_lane.items() if (got := [s for s in spans if s.name == "startup"])}
-    parents = {s.parent_id for got in startups.values() for s in got if s.parent_id is not None}
-    present = {sid for spans in by_lane.values() for s in spans if (sid := s.span_id) in parents} if parents else set()
-    processes: list[Process] = []
+    the run, of a lane with a process row) are kept apart, as the journal reader does. The span
+    table's rows come lane by lane in the processes' order, each lane's by start (then arrival)."""
+    spans = rows.spans
+    known = [p["lane_id"] for p in rows.processes]
     root_spans: list[Span] = []
-    for p in rows.processes:
-        spans = by_lane.pop(p["lane_id"], [])
-        roots = [s for s in startups.pop(p["lane_id"], ()) if s.parent_id not in present]
-        if roots:
-            root_spans.extend(roots)
-            spans = [s for s in spans if s not in roots]
-        processes.append(_process_from_row(p, spans))
-    for lane_id, spans in by_lane.items():  # spans of a lane without a process row
-        processes.append(_process_from_row({"lane_id": lane_id, "resource": {}}, spans))
+    startups = spans.with_row_index("_i").filter((pl.col("name") == "startup") & pl.col("lane").is_in(known))
+    if startups.height:
+        parents = startups.get_column("parent_id").drop_nulls().unique()
+        present = spans.filter(pl.col("span_id").is_in(parents.implode())).get_column("span_id").unique()
+        roots = startups.filter(pl.col("parent_id").is_null() | ~pl.col("parent_id").is_in(present.implode()))
+        if roots.height:
+            root_spans = [span_of(r) for r in roots.iter_rows(named=True)]
+            gone = roots.get_column("_i")
+            spans = spans.with_row_index("_i").filter(~pl.col("_i").is_in(gone.implode())).drop("_i")
+    # per lane: its first start, and its `process` span (the first by start, then arrival)
+    facts = spans.group_by("lane").agg(
+        pl.col("start").min().alias("first"),
+        pl.col("span_id").filter(pl.col("name") == "process").first().alias("own"),
+        pl.col("start").filter(pl.col("name") == "process").first().alias("own_start"),
+        (pl.col("name") == "process").sum().alias("owns"),
+    )
+    own: dict[str, tuple[str, int]] = {}
+    first: dict[str, int] = {}
+    several: list[str] = []
+    for lane, first_ns, sid, start, owns in facts.iter_rows():
+        first[lane] = first_ns
+        if owns > 1:
+            several.append(lane)
+        elif sid is not None:
+            own[lane] = (sid, start)
+    if several:  # more than one `process` span in a lane (rare): the first by start, then arrival
+        for lane, sid, start in (
+            spans.filter(pl.col("lane").is_in(several) & (pl.col("name") == "process"))
+            .sort("start", maintain_order=True)
+            .group_by("lane", maintain_order=True)
+            .first()
+            .select("lane", "span_id", "start")
+            .iter_rows()
+        ):
+            own[lane] = (sid, start)
+    processes = [_process_from_row(p, own.get(p["lane_id"]), first.get(p["lane_id"])) for p in rows.processes]
+    # spans of a lane without a process row: a process of its own (lanes in arrival order)
+    known_set = set(known)
+    extra = [lane for lane in spans.get_column("lane").unique(maintain_order=True).to_list() if lane not in known_set]
+    for lane_id in extra:
+        processes.append(_process_from_row({"lane_id": lane_id, "resource": {}}, own.get(lane_id), first.get(lane_id)))
     processes.sort(key=lambda p: (p.created_ns, p.instance_id))
+    # one gather of the whole table (a join, then a sort, copied every column twice: ~130 MB each for
+    # a 64 x 6000 run, in fresh memory), its order from the two columns it is sorted by
+    order = {p.instance_id: i for i, p in enumerate(processes)}
+    at = spans.select(
+        pl.arg_sort_by(pl.col("lane").replace_strict(order, return_dtype=pl.UInt32), "start", maintain_order=True)
+    ).to_series()
+    spans = spans[at]
     meta = rows.meta
     run = Run(
         run_id=rows.run_id,
@@ -1033,6 +1133,7 @@ def run_from_rows(rows: RunRows) -> Run:
         processes=processes,
         problems=list(rows.problems),
         root_spans=sorted(root_spans, key=lambda s: s.start_ns),
+        spans=spans,
         service=rows.service,
         source=rows.source or "otlp",
         version=rows.version,
@@ -1042,12 +1143,7 @@ def run_from_rows(rows: RunRows) -> Run:
     return run
 
 
-_START_NS = operator.attrgetter("start_ns")
-
-
-def _process_from_row(p: dict[str, Any], spans: list[Span]) -> Process:
-    spans.sort(key=_START_NS)
-    own = next((s for s in spans if s.name == "process"), None)
+def _process_from_row(p: dict[str, Any], own: tuple[str, int] | None, first_ns: int | None) -> Process:
     resource = p.get("resource") or {}
     return Process(
         instance_id=str(p["lane_id"]),
@@ -1055,12 +1151,11 @@ def _process_from_row(p: dict[str, Any], spans: list[Span]) -> Process:
         ppid=int_or_none(p.get("ppid")) or int_or_none(resource.get("process.parent_pid")) or 0,
         journal_path=Path(p["journal_path"]) if p.get("journal_path") else None,
         resource=resource,
-        process_span_id=own.span_id if own is not None else "",
-        spans=spans,
+        process_span_id=own[0] if own is not None else "",
         exited=None if p.get("exited") is None else bool(p["exited"]),
         exit_code=p.get("exit_code"),
         warnings=list(p.get("warnings") or []),
         preloaded=list(p.get("preloaded") or []),
-        created_ns=own.start_ns if own is not None else (spans[0].start_ns if spans else 0),
+        created_ns=own[1] if own is not None else (first_ns or 0),
         source=str(p.get("source") or "otlp"),
     )

@@ -4,35 +4,34 @@ Times are seconds (or microseconds for span rows) relative to the run start `t0`
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import polars as pl
 
 from starttrace.analysis.critical_path import path_by_lane, path_phases
 from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, RunModel, SpanNode
 from starttrace.analysis.nodes import node_rows
+from starttrace.run import MODULE_KEY, decode_attrs
 
 SPAN_FIELDS = ["id", "parent", "name", "phase", "start_us", "end_us", "depth", "flags", "attrs"]
 FLAG_IN_PROGRESS, FLAG_INSTANT, FLAG_ERROR = 1, 2, 4
 _HIDDEN_ATTRS = ("starttrace.phase", "starttrace.in_progress")
 
 
-def _us(t: int, t0: int) -> int:
-    return (t - t0) // 1000
-
-
 def to_json(model: RunModel, include_spans: bool = True) -> dict[str, Any]:
     t0 = model.t0
     s = model.seconds
-    lanes_out = []
-    for lane in model.lanes:
-        entry = _lane_json(model, lane)
-        if include_spans:
-            entry["spans"] = [_span_row(n, t0) for n in lane.spans]
-        lanes_out.append(entry)
+    lanes_out = [_lane_json(model, lane) for lane in model.lanes]
+    if include_spans:
+        rows = span_rows(model, model.spans)  # the table is sorted by lane: each lane's rows are one slice
+        for lane, entry in zip(model.lanes, lanes_out, strict=True):
+            entry["spans"] = rows[lane.offset : lane.offset + lane.count]
     in_progress = [
         dict(_open_span(n, model), lane=n.lane, label=model.lanes[n.lane].label)
         for lane in model.lanes
         for n in lane.in_progress
-        if n is not lane.process_span and n.phase not in STRUCTURAL_PHASES
+        if not _is_process_span(lane, n) and n.phase not in STRUCTURAL_PHASES
     ]
     in_progress.sort(key=lambda d: -d["open_s"])
     return {
@@ -107,7 +106,7 @@ def _lane_json(model: RunModel, lane: Lane) -> dict[str, Any]:
         "launched_by": None
         if lane.launched_by is None
         else {"lane": lane.launched_by.lane, "span": lane.launched_by.id, "name": lane.launched_by.name},
-        "span_count": len(lane.spans),
+        "span_count": lane.count,
     }
 
 
@@ -157,29 +156,90 @@ def _open_span(n: SpanNode, model: RunModel) -> dict[str, Any]:
     }
 
 
-def _span_row(n: SpanNode, t0: int) -> list[Any]:
-    flags = (
-        (FLAG_IN_PROGRESS if n.in_progress else 0) | (FLAG_INSTANT if n.instant else 0) | (FLAG_ERROR if n.error else 0)
+def _is_process_span(lane: Lane, n: SpanNode) -> bool:
+    return lane.process_span is not None and n.idx == lane.process_span.idx
+
+
+def span_rows(model: RunModel, rows: pl.DataFrame, pos: bool = False) -> list[list[Any]]:
+    """Rows of the model's span table (the table, a slice of it or of its core columns, in any
+    order) as the JSON view's span rows (SPAN_FIELDS; with `pos`, the span's position in its lane
+    appended): columns computed by polars over all the rows at once, the attributes decoded only
+    for these rows."""
+    if not rows.height:
+        return []
+    if "span_id" not in rows.columns:  # core columns: the wide ones of just these rows
+        rows = model.spans[rows["idx"]]
+    t0 = model.t0
+    offset = pl.col("lane").replace_strict(  # the lane's first row: positions count from it
+        [lane.index for lane in model.lanes], [lane.offset for lane in model.lanes], return_dtype=pl.Int64
     )
-    extra: dict[str, Any] | None = None
-    if n.attrs or n.error:
-        extra = {k: v for k, v in n.attrs.items() if k not in _HIDDEN_ATTRS}
-        if n.phase == "import" and extra.get("starttrace.import.module") == n.name[7:]:
-            del extra["starttrace.import.module"]
-        if n.error:
-            extra["error"] = n.error
-        if not extra:
-            extra = None
-    p = n.parent_node
-    parent = p.pos if p is not None and p.lane == n.lane else -1
-    return [
-        n.id,
-        parent,
-        n.name,
-        n.phase,
-        _us(n.start, t0),
-        None if n.in_progress else _us(n.eff_end, t0),
-        n.depth,
-        flags,
-        extra,
+    has_error = pl.col("error").is_not_null() & (pl.col("error") != "")
+    cols = rows.select(
+        pl.col("span_id"),
+        pl.when(pl.col("parent").is_not_null()).then(pl.col("parent") - offset).otherwise(-1).alias("parent"),
+        pl.col("name"),
+        pl.col("phase"),
+        ((pl.col("start") - t0) // 1000).alias("start_us"),
+        pl.when(pl.col("in_progress")).then(None).otherwise((pl.col("eff_end") - t0) // 1000).alias("end_us"),
+        pl.col("depth"),
+        (
+            pl.col("in_progress").cast(pl.Int32) * FLAG_IN_PROGRESS
+            + pl.col("instant").cast(pl.Int32) * FLAG_INSTANT
+            + has_error.cast(pl.Int32) * FLAG_ERROR
+        ).alias("flags"),
+        (pl.col("idx") - offset).alias("pos"),
+        pl.col("error"),
+    ).hstack(model.attrs_columns(rows["idx"]))
+    names, phases = cols["name"].to_list(), cols["phase"].to_list()
+    extras = [
+        _extra(attrs, phase, name, error)
+        for attrs, phase, name, error in zip(_attrs(cols), phases, names, cols["error"].to_list(), strict=True)
     ]
+    fields = [
+        cols["span_id"].to_list(),
+        cols["parent"].to_list(),
+        names,
+        phases,
+        cols["start_us"].to_list(),
+        cols["end_us"].to_list(),
+        cols["depth"].to_list(),
+        cols["flags"].to_list(),
+        extras,
+    ]
+    if pos:
+        fields.append(cols["pos"].to_list())
+    return [list(row) for row in zip(*fields, strict=True)]
+
+
+def _attrs(cols: pl.DataFrame) -> list[dict[str, Any] | None]:
+    """Each row's attributes (None: it has none): the JSON texts parsed at once as one array, the
+    OTLP bytes row by row."""
+    texts = cols["attrs"]
+    parsed: list[Any] = []
+    if texts.null_count() < len(texts):
+        try:
+            parsed = json.loads("[" + texts.fill_null("null").str.join(",").item() + "]")
+        except ValueError:
+            parsed = []
+    if len(parsed) != len(texts):  # no text, or one that is not JSON: row by row
+        parsed = [decode_attrs(text, None) if text else None for text in texts.to_list()]
+    if cols["attrs_pb"].null_count() < cols.height:
+        parsed = [
+            decode_attrs(None, raw) if raw else got for got, raw in zip(parsed, cols["attrs_pb"].to_list(), strict=True)
+        ]
+    return [got if isinstance(got, dict) else None for got in parsed]
+
+
+def _extra(attrs: dict[str, Any] | None, phase: str, name: str, error: str | None) -> dict[str, Any] | None:
+    """A span row's `attrs`: its attributes (a dict of its own) but the ones the row says already
+    (its phase, the module an import's name gives), its error."""
+    if not attrs and not error:
+        return None
+    extra = attrs or {}
+    for key in _HIDDEN_ATTRS:
+        extra.pop(key, None)
+    if phase == "import" and extra.get(MODULE_KEY) == name[7:]:
+        del extra[MODULE_KEY]
+    if error:
+        extra["error"] = error
+    return extra or None

@@ -20,11 +20,12 @@ a lane (`GET /startup/{run}/lanes/{lane}/spans?start_us=&end_us=&min_us=`).
 
 from __future__ import annotations
 
-import heapq
 from typing import Any
 
-from starttrace.analysis.model import Lane, RunModel, SpanNode, split_imports
-from starttrace.views.json import SPAN_FIELDS, _span_row, to_json
+import polars as pl
+
+from starttrace.analysis.model import RunModel
+from starttrace.views.json import SPAN_FIELDS, span_rows, to_json
 
 PAGE_FIELDS = [*SPAN_FIELDS, "pos"]
 WHOLE_RUN_SPANS = 20_000
@@ -32,35 +33,33 @@ FIRST_ROWS = 8_000
 PAGE_PX = 1600
 DETAIL_LIMIT = 50_000
 
-
-def _row(n: SpanNode, t0: int) -> list[Any]:
-    row = _span_row(n, t0)
-    row.append(n.pos)
-    return row
-
-
-def _always(n: SpanNode) -> bool:
-    return n.phase != "import" or n.in_progress
+# longest first, ties by depth (a kept span's ancestors are kept too), then start, then table order
+_LONGEST = (["duration", "depth", "start", "idx"], [True, False, False, False])
 
 
 def first_payload(model: RunModel, rows: int = FIRST_ROWS, whole_run: int = WHOLE_RUN_SPANS) -> dict[str, Any]:
     """The first answer for the page (see the module text)."""
     doc = to_json(model, include_spans=False)
     doc["span_fields"] = PAGE_FIELDS
-    total = sum(len(lane.spans) for lane in model.lanes)
+    table = model.core  # the narrow columns: the chosen rows' ids and attributes come after
+    total = table.height
     pixel_us = max(1, (model.t_end - model.t0) // 1000 // PAGE_PX)
     if total <= whole_run:
-        chosen = {lane.index: list(lane.spans) for lane in model.lanes}
-        cut = {lane.index: 0 for lane in model.lanes}
+        chosen, cut_us = table, 0
     else:
-        chosen, cut = _longest(model.lanes, rows, pixel_us * 1000)
+        chosen, cut_us = _longest(table, rows, pixel_us * 1000)
+    chosen = chosen.sort("idx")  # by lane, then position in the lane
+    counts = dict(chosen.group_by("lane").len().iter_rows())
+    sent = span_rows(model, chosen, pos=True)
+    at = 0
     for lane, entry in zip(model.lanes, doc["lanes"], strict=True):
-        nodes = sorted(chosen[lane.index], key=lambda n: n.pos)
-        entry["spans"] = [_row(n, model.t0) for n in nodes]
-        entry["complete"] = len(nodes) == len(lane.spans)
-        entry["detail_min_us"] = 0 if entry["complete"] else cut[lane.index]
+        n = counts.get(lane.index, 0)
+        entry["spans"] = sent[at : at + n]
+        at += n
+        entry["complete"] = n == lane.count
+        entry["detail_min_us"] = 0 if entry["complete"] else cut_us
     doc["first_answer"] = {
-        "spans": sum(len(entry["spans"]) for entry in doc["lanes"]),
+        "spans": len(sent),
         "of_spans": total,
         "pixel_us": pixel_us,
         "complete": all(entry["complete"] for entry in doc["lanes"]),
@@ -68,30 +67,23 @@ def first_payload(model: RunModel, rows: int = FIRST_ROWS, whole_run: int = WHOL
     return doc
 
 
-def _longest(lanes: list[Lane], rows: int, min_ns: int) -> tuple[dict[int, list[SpanNode]], dict[int, int]]:
-    """Per lane: the spans always sent plus the longest imports over all lanes (>= min_ns, within
-    `rows` in all); and per lane the duration (µs) from which on nothing was left out."""
-    chosen: dict[int, list[SpanNode]] = {}
-    candidates: list[SpanNode] = []
-    for lane in lanes:
-        chosen[lane.index], longer = split_imports(lane.spans, min_ns)  # _always, and the candidates
-        candidates += longer
-    room = max(0, rows - sum(len(v) for v in chosen.values()))
-    left_out: SpanNode | None = None
-    if len(candidates) > room:
-        # only the longest room + 1 are ordered (longest first, ties by depth, then start): every
-        # span at least as long as the (room + 1)-th longest, sorted, has the same first room + 1
-        cut = heapq.nlargest(room + 1, [n.duration for n in candidates])[-1]
-        candidates = [n for n in candidates if n.duration >= cut]
-        candidates.sort(key=lambda n: (-n.duration, n.depth, n.start))
-        left_out = candidates[room]
-        candidates = candidates[:room]
-    for n in candidates:
-        chosen[n.lane].append(n)
-    # below this duration (µs, rounded up) spans may be missing: the longest one left out
-    longest_left = max(min_ns, left_out.duration + 1 if left_out is not None else 0)
-    cut = {lane.index: (longest_left + 999) // 1000 for lane in lanes}
-    return chosen, cut
+def _longest(table: pl.DataFrame, rows: int, min_ns: int) -> tuple[pl.DataFrame, int]:
+    """The spans always sent (not an import, or still in progress) plus the longest imports over
+    all lanes (>= min_ns, within `rows` in all); and the duration (µs, the same for every lane)
+    from which on nothing was left out."""
+    always = pl.col("in_progress") | (pl.col("phase") != "import").fill_null(True)
+    sent = table.filter(always)
+    candidates = table.filter(~always & (pl.col("duration") >= min_ns))
+    room = max(0, rows - sent.height)
+    left_out = 0
+    if candidates.height > room:
+        by, descending = _LONGEST
+        ordered = candidates.top_k(room + 1, by=by, reverse=[not d for d in descending]).sort(by, descending=descending)
+        left_out = int(ordered["duration"][room]) + 1  # the longest span left out
+        candidates = ordered.head(room)
+    # below this duration (µs, rounded up) spans may be missing
+    longest_left = max(min_ns, left_out)
+    return pl.concat([sent, candidates], how="vertical"), (longest_left + 999) // 1000
 
 
 def lane_detail(
@@ -109,21 +101,17 @@ def lane_detail(
         return None
     lane = model.lanes[lane_index]
     t0 = model.t0
-    lo = None if start_us is None else t0 + start_us * 1000
-    hi = None if end_us is None else t0 + end_us * 1000
-    min_ns = max(0, min_us) * 1000
-    nodes = [
-        n
-        for n in lane.spans
-        if (lo is None or n.eff_end >= lo)
-        and (hi is None or n.start <= hi)
-        and (n.duration >= min_ns or n.instant or n.in_progress)
-    ]
-    truncated = len(nodes) > limit
+    keep = (pl.col("duration") >= max(0, min_us) * 1000) | pl.col("instant") | pl.col("in_progress")
+    if start_us is not None:
+        keep &= pl.col("eff_end") >= t0 + start_us * 1000
+    if end_us is not None:
+        keep &= pl.col("start") <= t0 + end_us * 1000
+    found = model.lane_rows(lane).filter(keep)
+    truncated = found.height > limit
     if truncated:
-        nodes.sort(key=lambda n: (-n.duration, n.depth, n.start))
-        nodes = nodes[:limit]
-    nodes.sort(key=lambda n: n.pos)
+        by, descending = _LONGEST
+        found = found.sort(by, descending=descending).head(limit)
+    found = found.sort("idx")
     return {
         "run_id": model.run_id,
         "version": model.version,
@@ -133,6 +121,6 @@ def lane_detail(
         "end_us": end_us,
         "min_us": max(0, min_us),
         "truncated": truncated,
-        "complete": len(nodes) == len(lane.spans),
-        "spans": [_row(n, t0) for n in nodes],
+        "complete": found.height == lane.count,
+        "spans": span_rows(model, found, pos=True),
     }

@@ -163,7 +163,7 @@ def _report_head(model: RunModel, console: Console) -> None:
     head.append(f"  service {model.service or '-'}  status {model.status}")
     console.print(head)
     console.print(
-        f"startup {model.startup_s:.3f} s  processes {len(model.lanes)}  spans {len(model.spans)}", markup=False
+        f"startup {model.startup_s:.3f} s  processes {len(model.lanes)}  spans {model.spans.height}", markup=False
     )
     programs: dict[str, int] = {}
     for problem in model.problems:

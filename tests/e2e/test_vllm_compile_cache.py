@@ -70,8 +70,8 @@ def workers(model: RunModel) -> list[Lane]:
 def compile_verdicts(model: RunModel) -> set[str]:
     return {
         str(n.attrs.get("starttrace.compile.cache"))
-        for n in model.spans
-        if n.name == "compile.graph" and model.lanes[n.lane].role == "worker"
+        for n in model.select(names=("compile.graph",))
+        if model.lanes[n.lane].role == "worker"
     }
 
 
@@ -79,11 +79,11 @@ def test_every_worker_reads_every_shard_with_its_real_size(cold: RunModel, serve
     shards = {str(p): p.stat().st_size for p in Path(served.model).glob("*.safetensors")}
     assert len(shards) == 2
     for lane in workers(cold):
-        loads = [n for n in lane.spans if n.name == "weights.load"]
+        loads = cold.select(names=("weights.load",), lane=lane)
         got = {n.attrs["starttrace.weights.file"]: n.attrs["starttrace.weights.file_bytes"] for n in loads}
         assert {os.path.realpath(k): v for k, v in got.items()} == {os.path.realpath(k): v for k, v in shards.items()}
         assert all(n.attrs.get("starttrace.weights.fs_type") for n in loads)
-        names = {n.name for n in lane.spans}
+        names = set(cold.lane_rows(lane)["name"].to_list())
         assert VLLM_LOADING_MARKS <= names, names & VLLM_LOADING_MARKS
         assert "Loading (CPU)" in names or "Loading (GPU)" in names
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from e2e_vllm_run import VLLM_INIT_SPANS, Served
+from run_spans import named, spans_named, spans_of
 
 from starttrace.sources.journal_reader import Process, Run, Span
 
@@ -88,27 +89,27 @@ def name_of(process: Process) -> str:
     return str(label() if callable(label) else label)
 
 
-def one(process: Process, name: str) -> Span:
-    spans = [s for s in process.spans if s.name == name]
+def one(run: Run, process: Process, name: str) -> Span:
+    spans = named(run, process, name)
     assert len(spans) == 1, f"{name_of(process)}: {len(spans)} spans named {name!r}"
     return spans[0]
 
 
 def run_ready_ns(run: Run) -> int:
-    readies = [s.start_ns for p in run.processes for s in p.spans if s.name == "ready"]
+    readies = [s.start_ns for s in spans_named(run, "ready")]
     assert len(readies) == 1, readies
     return readies[0]
 
 
-def coverage(process: Process, until_ns: int) -> float:
+def coverage(run: Run, process: Process, until_ns: int) -> float:
     """Share of the lane's wall time (process start to min(end, run ready)) inside direct named
     children of its `process` span."""
-    own = process.process_span
+    own = run.process_span(process)
     assert own is not None
     end = min(own.end_ns or until_ns, until_ns)
     intervals = sorted(
         (max(s.start_ns, own.start_ns), min(s.end_ns if s.end_ns is not None else end, end))
-        for s in process.spans
+        for s in spans_of(run, process)
         if s.parent_id == own.span_id and not s.instant
     )
     covered, cursor = 0, own.start_ns
@@ -167,14 +168,15 @@ def test_lanes_roles_and_ranks(served: Served) -> None:
     (api,) = lanes(run, "api_server")
     assert api.resource["starttrace.start_method"] == "root"
     (forkserver,) = lanes(run, "forkserver")
-    assert one(forkserver, "forkserver.preload").attrs["starttrace.preload"] == ["vllm.v1.engine.async_llm"]
+    assert one(run, forkserver, "forkserver.preload").attrs["starttrace.preload"] == ["vllm.v1.engine.async_llm"]
     assert forkserver.ppid == api.pid
     # vLLM calls multiprocessing.forkserver.ensure_running() directly: the start is still seen
     assert forkserver.resource["starttrace.start_method"] == "spawn"
-    (start,) = [s for s in api.spans if s.name == "forkserver.start"]
+    (start,) = named(run, api, "forkserver.start")
     assert start.attrs["starttrace.preload"] == ["vllm.v1.engine.async_llm"]
     assert start.attrs["starttrace.child_pid"] == forkserver.pid
-    assert forkserver.process_span is not None and forkserver.process_span.parent_id == start.span_id
+    own = run.process_span(forkserver)
+    assert own is not None and own.parent_id == start.span_id
     (engine,) = lanes(run, "engine_core")
     assert engine.ppid == api.pid and engine.resource["starttrace.start_method"] == "spawn"
     workers = sorted(lanes(run, "worker"), key=lambda p: p.rank if p.rank is not None else -1)
@@ -183,7 +185,7 @@ def test_lanes_roles_and_ranks(served: Served) -> None:
         assert worker.ppid == engine.pid
         assert worker.resource["starttrace.local_rank"] == rank
         assert worker.resource["starttrace.world_size"] == 2
-        assert one(worker, "process.bootstrap").attrs.get("starttrace.process_name") == f"VllmWorker-{rank}"
+        assert one(run, worker, "process.bootstrap").attrs.get("starttrace.process_name") == f"VllmWorker-{rank}"
     # every other Python process is a helper: the resource tracker, vLLM's model-inspection
     # subprocess (only when its on-disk cache misses), torch inductor's probes
     others = [p for p in run.processes if p not in (api, forkserver, engine, *workers)]
@@ -205,13 +207,14 @@ def test_vllm_phase_spans(served: Served) -> None:
         (w, WORKER_PHASES) for w in lanes(run, "worker")
     ]:
         for name in names:
-            span = one(process, name)
+            span = one(run, process, name)
             assert span.error is None, (name_of(process), name, span.error)
             assert span.end_ns is not None and span.end_ns <= ready, (name_of(process), name)
             assert span.attrs.get("starttrace.phase"), (name_of(process), name)
     for worker in lanes(run, "worker"):
-        by_id = {s.span_id: s for s in worker.spans}
-        dist = one(worker, "dist.init")
+        worker_spans = spans_of(run, worker)
+        by_id = {s.span_id: s for s in worker_spans}
+        dist = one(run, worker, "dist.init")
         assert dist.attrs["starttrace.dist.backend"] == "gloo"
         assert dist.attrs["starttrace.dist.rank"] == worker.rank
         assert dist.attrs["starttrace.dist.world_size"] == 2
@@ -226,23 +229,23 @@ def test_vllm_phase_spans(served: Served) -> None:
             "vllm.worker.init_device",
             "Worker init",  # vLLM's mark on WorkerProc.__init__ (ours was vllm.worker.init)
         ]
-        assert one(worker, "vllm.model_load").attrs["vllm.load_format"] == "auto"  # the real shards
+        assert one(run, worker, "vllm.model_load").attrs["vllm.load_format"] == "auto"  # the real shards
         # each worker's init happened while the engine core waited for its workers
-        wait = one(engine, "vllm.executor.wait_for_workers")
-        init = max((s for s in worker.spans if s.name == "Worker init"), key=lambda s: s.end_ns or 0)
+        wait = one(run, engine, "vllm.executor.wait_for_workers")
+        init = max((s for s in worker_spans if s.name == "Worker init"), key=lambda s: s.end_ns or 0)
         assert init.attrs.get("starttrace.vllm.replaces") == "vllm.worker.init"
         assert wait.start_ns < init.end_ns <= wait.end_ns  # type: ignore[operator]
         # no CUDA on this machine: the only CUDA init attempted during startup is the one vLLM's
         # compiler makes (get_inductor_factors asks torch.cuda), and it fails
-        for s in worker.spans:
+        for s in worker_spans:
             if s.name == "cuda.init" and s.start_ns < ready:
                 assert s.error and "CUDA" in s.error, s.error
                 assert "vllm/compilation/" in s.attrs["starttrace.cuda.trigger"], s.attrs
-    (ready_span,) = [s for s in api.spans if s.name == "ready"]
+    (ready_span,) = named(run, api, "ready")
     assert ready_span.attrs["server.port"] > 0
     # the API server waited for the engine core: its ready handshake comes after the KV cache setup
-    waited = one(api, "vllm.wait_for_engine_core")
-    kv_caches = one(engine, "Prepare model")  # EngineCore._initialize_kv_caches
+    waited = one(run, api, "vllm.wait_for_engine_core")
+    kv_caches = one(run, engine, "Prepare model")  # EngineCore._initialize_kv_caches
     assert waited.start_ns < kv_caches.start_ns and kv_caches.end_ns <= waited.end_ns  # type: ignore[operator]
 
 
@@ -250,7 +253,7 @@ def test_worker_lanes_are_covered(served: Served) -> None:
     run = served.run
     ready = run_ready_ns(run)
     for worker in lanes(run, "worker"):
-        share = coverage(worker, ready)
+        share = coverage(run, worker, ready)
         assert share >= 0.90, f"{name_of(worker)}: {share:.1%} of the lane inside named spans"
 
 
@@ -264,9 +267,9 @@ def test_imports_match_importtime(served: Served) -> None:
         if not path.exists():
             continue
         printed = importtime_modules(path)
-        spans = [s for s in process.spans if s.name.startswith("import ")]
+        spans = [s for s in spans_of(run, process) if s.name.startswith("import ")]
         boundary = [s.start_ns for s in spans if s.attrs.get("starttrace.import.module") == "sitecustomize"]
-        start = boundary[0] if boundary else process.process_span.start_ns  # type: ignore[union-attr]
+        start = boundary[0] if boundary else run.process_span(process).start_ns  # type: ignore[union-attr]
         journal = {
             s.attrs["starttrace.import.module"]
             for s in spans

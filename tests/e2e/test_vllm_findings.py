@@ -146,7 +146,7 @@ def test_critical_path_goes_through_the_engine_core_into_a_worker(spawned: Serve
     init_steps = [st for st in path if st.name == "EngineCoreProc init"]
     assert {st.kind for st in init_steps} <= {"self", "wait"}
     assert len([st for st in init_steps if st.kind == "wait"]) <= 1
-    (init,) = [n for n in model.spans if n.name == "EngineCoreProc init"]
+    (init,) = model.select(names=("EngineCoreProc init",))
     for st in init_steps:
         if st.kind == "wait":
             assert st.end - st.start <= max(2_000_000, (init.eff_end - init.start) // 20), st
@@ -169,14 +169,17 @@ def test_spawn_run_has_a_preload_finding_covering_the_worker_reimports(spawned: 
     # the covering list: no module listed under another listed one in any worker
     listed = set(f["modules"])
     for w in workers:
-        for n in w.spans:
-            if n.phase == "import" and n.module in listed:
+        for n in model.select(phases=("import",), lane=w):
+            if n.module in listed:
                 p = n.parent_node
                 while p is not None and p.lane == n.lane and p.phase == "import":
                     assert p.module not in listed, (n.module, p.module)
                     p = p.parent_node
     # what the workers re-import (top-level imports before ready, of modules both paid for)
-    tops = {w.index: {n.module: n.duration for n in top_imports(w, model.ready_ns)} for w in workers}
+    tops = {
+        w.index: {n.module: n.duration for n in model.nodes(top_imports(model, [w], {w.index: model.ready_ns}))}
+        for w in workers
+    }
     common = set.intersection(*(set(t) for t in tops.values())) - {"__main__", "__mp_main__"}
     per_rank = {r["pid"]: r["seconds"] for r in f["per_rank"]}
     for w in workers:

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_spans import named, spans_of
 
-from starttrace.run import Process, Span
+from starttrace.run import Process, Run, Span
 from starttrace.sources.journal_reader import read_run
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
@@ -46,7 +47,7 @@ print(json.dumps({"probe_before_torch": probe_before_torch, "shape": list(out.sh
 """
 
 
-def _traced_run(tmp_path: Path, clean_env, cache_dir: Path, name: str) -> tuple[dict, Process]:
+def _traced_run(tmp_path: Path, clean_env, cache_dir: Path, name: str) -> tuple[dict, Run]:
     journal_root = tmp_path / f"runs-{name}"
     env = clean_env(
         STARTTRACE="1",
@@ -58,13 +59,18 @@ def _traced_run(tmp_path: Path, clean_env, cache_dir: Path, name: str) -> tuple[
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = [p for p in journal_root.iterdir() if p.is_dir()]
     run = read_run(run_dir)
+    _root(run)
+    return json.loads(done.stdout.strip().splitlines()[-1]), run
+
+
+def _root(run: Run) -> Process:
     roots = [p for p in run.processes if p.record.get("method") == "root"]
     assert len(roots) == 1, [(p.pid, p.role) for p in run.processes]
-    return json.loads(done.stdout.strip().splitlines()[-1]), roots[0]
+    return roots[0]
 
 
 @pytest.fixture(scope="module")
-def cold_and_warm(tmp_path_factory: pytest.TempPathFactory, clean_env: Any) -> tuple[Path, Process, Process, dict]:
+def cold_and_warm(tmp_path_factory: pytest.TempPathFactory, clean_env: Any) -> tuple[Path, Run, Run, dict]:
     # the session fixture, not `import conftest`: several conftest.py exist under tests/
     base = tmp_path_factory.mktemp("compile")
     cache_dir = base / "inductor-cache"
@@ -75,13 +81,15 @@ def cold_and_warm(tmp_path_factory: pytest.TempPathFactory, clean_env: Any) -> t
     return cache_dir, cold, warm, cold_out
 
 
-def _graphs(process: Process) -> list[Span]:
-    return [s for s in process.spans if s.name == "compile.graph"]
+def _graphs(run: Run) -> list[Span]:
+    """The root process's `compile.graph` spans."""
+    return named(run, _root(run), "compile.graph")
 
 
-def _descendants(process: Process, root: Span) -> list[Span]:
+def _descendants(run: Run, root: Span) -> list[Span]:
+    """The spans under `root` in the root process."""
     children: dict[str, list[Span]] = {}
-    for span in process.spans:
+    for span in spans_of(run, _root(run)):
         if span.parent_id:
             children.setdefault(span.parent_id, []).append(span)
     found: list[Span] = []
@@ -96,7 +104,7 @@ def _descendants(process: Process, root: Span) -> list[Span]:
 def test_cold_run_compile_spans_say_miss(cold_and_warm) -> None:
     cache_dir, cold, _warm, _out = cold_and_warm
     graphs = _graphs(cold)
-    assert graphs, [s.name for s in cold.spans if s.name.startswith("compile")]
+    assert graphs, [s.name for s in spans_of(cold, _root(cold)) if s.name.startswith("compile")]
     assert {g.attrs["starttrace.compile.cache"] for g in graphs} == {"miss"}
     (graph,) = [g for g in graphs if g.attrs["starttrace.compile.id"] == "0/0"]
     assert graph.attrs["starttrace.phase"] == "compile"
@@ -120,7 +128,7 @@ def test_cold_run_compile_spans_say_miss(cold_and_warm) -> None:
         chain.append(parent.name)
         parent = by_id.get(parent.parent_id or "")
     assert "compile.backend_compile" in chain
-    assert "torch._dynamo.utils.ChromiumEventLogger.log_event_start" in cold.resource["starttrace.probes"]
+    assert "torch._dynamo.utils.ChromiumEventLogger.log_event_start" in _root(cold).resource["starttrace.probes"]
 
 
 def test_warm_run_compile_spans_say_hit_and_nothing_else(cold_and_warm) -> None:
@@ -185,8 +193,9 @@ def test_aot_compile_cold_miss_then_aot_load_hit(tmp_path: Path, clean_env) -> N
         )
         assert done.returncode == 0, done.stderr[-3000:]
         (run_dir,) = [p for p in journal_root.iterdir() if p.is_dir()]
-        (root,) = [p for p in read_run(run_dir).processes if p.record.get("method") == "root"]
-        graphs[name] = _graphs(root)
+        run = read_run(run_dir)
+        (root,) = [p for p in run.processes if p.record.get("method") == "root"]
+        graphs[name] = named(run, root, "compile.graph")
     (cold,) = graphs["cold"]
     assert cold.attrs["starttrace.compile.cache"] == "miss"
     assert cold.attrs["starttrace.compile.id"] == "0/0"

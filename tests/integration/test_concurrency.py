@@ -11,6 +11,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from run_spans import spans_of
+
 from starttrace.sources.journal_files import journal_files, journal_lines
 from starttrace.sources.journal_reader import read_run
 
@@ -121,8 +123,9 @@ def test_threads_import_concurrently_with_per_thread_nesting(
     run = read_run(only_run_dir(journal_root))
     assert run.problems == []
     (process,) = run.processes
-    spans = {s.span_id: s for s in process.spans}
-    ours = {s.attrs["starttrace.import.module"]: s for s in process.spans if str(s.name).startswith("import thr_")}
+    own = spans_of(run, process)
+    spans = {s.span_id: s for s in own}
+    ours = {s.attrs["starttrace.import.module"]: s for s in own if str(s.name).startswith("import thr_")}
     assert len(ours) == 3 * THREADS
     threads = {ours[f"thr_outer_{i}"].thread for i in range(THREADS)}
     assert None not in threads and len(threads) == THREADS, "each importer thread is its own lane"
@@ -132,7 +135,7 @@ def test_threads_import_concurrently_with_per_thread_nesting(
         assert inner.parent_id == outer.span_id and leaf.parent_id == inner.span_id
         assert outer.thread == inner.thread == leaf.thread
     # every import span's parent is an import on the same thread (or the process span), and lies around it
-    for span in process.spans:
+    for span in own:
         if span.attrs.get("starttrace.phase") != "import":
             continue
         parent = spans.get(span.parent_id or "")

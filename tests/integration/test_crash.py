@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from run_spans import named, spans_of
 
 from starttrace.sources.journal_files import is_journal_file
 from starttrace.sources.journal_reader import Process, list_run_dirs, read_run
@@ -69,11 +70,12 @@ def test_sigkill_in_the_middle_of_an_import_keeps_every_record(tmp_path: Path) -
     assert proc.wait(timeout=30) == -signal.SIGKILL
     run = only_run(tmp_path / "runs")
     (process,) = run.processes
-    slow = [s for s in process.spans if s.name == "import slowmod"]
+    slow = named(run, process, "import slowmod")
     assert len(slow) == 1 and slow[0].end_ns is None  # in progress, with its start time
-    done = {s.name for s in process.spans if s.end_ns is not None}
+    done = {s.name for s in spans_of(run, process) if s.end_ns is not None}
     assert {"import json", "import decimal", "python.init"} <= done
-    assert process.process_span is not None and process.process_span.end_ns is None
+    own = run.process_span(process)
+    assert own is not None and own.end_ns is None
     assert not process.exited and process.alive is False
     assert run.startup is not None and run.startup.end_ns is None
     assert not run.problems
@@ -116,9 +118,9 @@ def test_a_rank_killed_mid_startup_leaves_the_rest_of_the_run(tmp_path: Path) ->
     run = only_run(tmp_path / "runs")
     child = next(p for p in run.processes if p.pid == child_pid)
     root = next(p for p in run.processes if p.resource["starttrace.start_method"] == "root")
-    assert [s.end_ns for s in child.spans if s.name == "import slowmod"] == [None]
+    assert [s.end_ns for s in named(run, child, "import slowmod")] == [None]
     assert child.resource["starttrace.process_name"] == "rank-0"
-    assert root.exited and any(s.name == "import fractions" and s.end_ns for s in root.spans)
+    assert root.exited and any(s.end_ns for s in named(run, root, "import fractions"))
     assert run.startup is not None and run.startup.end_ns is not None
 
 
@@ -128,9 +130,10 @@ def test_os_exit_keeps_records_and_exit_code(tmp_path: Path) -> None:
         [sys.executable, "-c", program], env=traced_env(tmp_path / "runs"), capture_output=True, timeout=60
     )
     assert done.returncode == 7
-    (process,) = only_run(tmp_path / "runs").processes
+    run = only_run(tmp_path / "runs")
+    (process,) = run.processes
     assert process.exited and process.exit_code == 7
-    assert any(s.name == "import decimal" and s.end_ns for s in process.spans)
+    assert any(s.end_ns for s in named(run, process, "import decimal"))
 
 
 def test_multiprocessing_children_exit_through_os_exit_with_all_records(tmp_path: Path) -> None:
@@ -160,7 +163,7 @@ def test_multiprocessing_children_exit_through_os_exit_with_all_records(tmp_path
     assert len(workers) == 2
     for worker in workers:
         assert worker.exited and worker.exit_code == 0  # recorded by the os._exit wrapper
-        assert {"import decimal", "import fractions"} <= {s.name for s in worker.spans if s.end_ns}
+        assert {"import decimal", "import fractions"} <= {s.name for s in spans_of(run, worker) if s.end_ns}
 
 
 @pytest.fixture
@@ -248,7 +251,7 @@ def test_full_disk_disables_the_journal_once_and_keeps_what_was_written(tmp_path
         process.journal_path.name
     ]
     assert process.journal_path.stat().st_size <= max(limit, 256 * 1024)
-    kept = [s for s in process.spans if s.attrs.get("starttrace.phase") == "import"]
+    kept = [s for s in spans_of(run, process) if s.attrs.get("starttrace.phase") == "import"]
     assert len(kept) > 100, "records written before the disk filled are kept"
     assert any("cannot extend journal" in w for w in process.warnings), process.warnings
     # at most a cut last line, reported; and the journal cut short, named (issue 26)
@@ -261,10 +264,11 @@ def test_process_record_lists_preloaded_modules(tmp_path: Path) -> None:
         [sys.executable, "-c", "import colorsys"], env=traced_env(tmp_path / "runs"), capture_output=True, timeout=60
     )
     assert done.returncode == 0
-    process: Process = only_run(tmp_path / "runs").processes[0]
+    run = only_run(tmp_path / "runs")
+    process: Process = run.processes[0]
     assert "sys" in process.preloaded and "starttrace.boot" in process.preloaded
     assert "colorsys" not in process.preloaded
-    imports = [s.name for s in process.spans if s.attrs.get("starttrace.phase") == "import"]
+    imports = [s.name for s in spans_of(run, process) if s.attrs.get("starttrace.phase") == "import"]
     # 3.13's `python -c` imports linecache before the command runs (to show its source in tracebacks)
     interpreter = ["import linecache"] if sys.version_info >= (3, 13) else []
     assert [name for name in imports if "customize" not in name] == [*interpreter, "import colorsys"]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_spans import children, named, span_index, spans_of
 
 from starttrace.sources.journal_files import journal_files, journal_lines
 from starttrace.sources.journal_reader import Process, Run, Span
@@ -188,16 +189,8 @@ def by_pid(run: Run, pid: int) -> Process:
     return process
 
 
-def named(process: Process, name: str) -> list[Span]:
-    return [s for s in process.spans if s.name == name]
-
-
-def span_index(run: Run) -> dict[str, tuple[Process | None, Span]]:
-    return {span.span_id: (process, span) for process, span in run.all_spans()}
-
-
-def ancestors(process: Process, span: Span) -> list[str]:
-    by_id = {s.span_id: s for s in process.spans}
+def ancestors(run: Run, process: Process, span: Span) -> list[str]:
+    by_id = {s.span_id: s for s in spans_of(run, process)}
     names = []
     parent = by_id.get(span.parent_id or "")
     while parent is not None:
@@ -225,8 +218,9 @@ def test_the_program_names_no_method_and_gets_the_forkserver(ranks: Traced) -> N
 def test_launch_spans_say_forkserver_from_their_begin(ranks: Traced) -> None:
     """The method is known when the launch begins (an open launch of a hung start says it), though the
     program asked for none: the default, read without choosing it."""
-    root = by_pid(ranks.run, ranks.out["root"])
-    launches = {s.attrs["starttrace.process_name"]: s for s in named(root, "process.launch")}
+    run = ranks.run
+    root = by_pid(run, ranks.out["root"])
+    launches = {s.attrs["starttrace.process_name"]: s for s in named(run, root, "process.launch")}
     assert {"rank-0", "rank-1"} <= set(launches)
     for r in ranks.out["ranks"]:
         launch = launches[f"rank-{r['rank']}"]
@@ -249,23 +243,24 @@ def test_forkserver_start_and_its_preload_of_main(ranks: Traced) -> None:
     root = by_pid(run, ranks.out["root"])
     server = by_pid(run, ranks.out["forkserver"])
     assert server.role == "forkserver"
-    (start,) = named(root, "forkserver.start")
+    (start,) = named(run, root, "forkserver.start")
     assert start.attrs["starttrace.preload"] == ["__main__"]  # multiprocessing's default preload
     assert start.attrs["starttrace.child_pid"] == server.pid
     assert spans[start.parent_id or ""][1].name == "process.launch"  # started by the first Process.start()
-    assert server.process_span is not None and server.process_span.parent_id == start.span_id
+    server_span = run.process_span(server)
+    assert server_span is not None and server_span.parent_id == start.span_id
 
-    (preload,) = named(server, "forkserver.preload")
+    (preload,) = named(run, server, "forkserver.preload")
     assert preload.end_ns is not None and preload.error is None
     assert preload.attrs["starttrace.preload"] == ["__main__"]
     assert preload.attrs.get("starttrace.preload_failed") == []
-    kids = [s for s in server.spans if s.parent_id == preload.span_id]
+    kids = children(run, server, preload)
     assert [s.name for s in kids] == ["preload __main__"]  # one span per preloaded module
     (main,) = kids
     assert main.attrs["starttrace.import.module"] == "__main__"
     assert main.attrs["code.file.path"] == str(ranks.app)
-    (heavy,) = [s for s in server.spans if s.name == "import heavy_setup"]
-    assert "preload __main__" in ancestors(server, heavy)
+    (heavy,) = named(run, server, "import heavy_setup")
+    assert "preload __main__" in ancestors(run, server, heavy)
     assert heavy.end_ns is not None and (heavy.end_ns - heavy.start_ns) / 1e9 >= HEAVY_S * 0.9
 
 
@@ -274,43 +269,46 @@ def test_ranks_are_forked_by_the_forkserver_and_linked_to_their_launch(ranks: Tr
     spans = span_index(run)
     root = by_pid(run, ranks.out["root"])
     server = by_pid(run, ranks.out["forkserver"])
-    forks = {s.attrs["starttrace.child_pid"]: s for s in named(server, "process.fork")}
+    forks = {s.attrs["starttrace.child_pid"]: s for s in named(run, server, "process.fork")}
     rank_pids = [r["pid"] for r in ranks.out["ranks"]]
     assert sorted(forks) == sorted(rank_pids)
     for pid in rank_pids:
         lane = by_pid(run, pid)
         assert lane.ppid == server.pid and lane.role == "child"
-        assert lane.process_span is not None and lane.process_span.parent_id == forks[pid].span_id
-        owner, launch = spans[str(lane.process_span.attrs.get("starttrace.launched_by"))]
+        own = run.process_span(lane)
+        assert own is not None and own.parent_id == forks[pid].span_id
+        owner, launch = spans[str(own.attrs.get("starttrace.launched_by"))]
         assert owner is root and launch.name == "process.launch" and launch.attrs["starttrace.child_pid"] == pid
-        (bootstrap,) = named(lane, "process.bootstrap")
+        (bootstrap,) = named(run, lane, "process.bootstrap")
         assert bootstrap.end_ns is not None and bootstrap.attrs.get("starttrace.process_name", "").startswith("rank-")
-        first = min(s.start_ns for s in lane.spans if s.name == f"import {RANK_MODULES[0]}")
+        first = min(s.start_ns for s in named(run, lane, f"import {RANK_MODULES[0]}"))
         assert first >= bootstrap.end_ns
-        assert not named(lane, "python.init")  # forked: no interpreter start of its own
-        assert not [s for s in lane.spans if s.name == "import heavy_setup"]  # the preloaded __main__ had it
+        assert not named(run, lane, "python.init")  # forked: no interpreter start of its own
+        assert not named(run, lane, "import heavy_setup")  # the preloaded __main__ had it
 
 
 def test_each_rank_recorded_what_its_sys_modules_gained(ranks: Traced) -> None:
     """Ground truth: the modules a rank's target added to sys.modules are its import spans after
     the bootstrap, no more (phantom) and no fewer (missing); and it inherited the preloaded ones."""
+    run = ranks.run
     for r in ranks.out["ranks"]:
-        lane = by_pid(ranks.run, r["pid"])
+        lane = by_pid(run, r["pid"])
         assert "heavy_setup" in r["before"] and "__mp_main__" in r["before"]
         gained = {m for m in set(r["after"]) - set(r["before"]) if not m.startswith("starttrace")}
         assert set(RANK_MODULES) <= gained
-        (bootstrap,) = named(lane, "process.bootstrap")
+        (bootstrap,) = named(run, lane, "process.bootstrap")
         assert bootstrap.end_ns is not None
+        lane_spans = spans_of(run, lane)
         recorded = {
             s.attrs["starttrace.import.module"]
-            for s in lane.spans
+            for s in lane_spans
             if s.attrs.get("starttrace.phase") == "import" and s.start_ns >= bootstrap.end_ns and s.error is None
         }
         if r["rank"] == 0:  # then it started its leaf: what that loaded came after `after`
-            leaf_start = min(s.start_ns for s in named(lane, "process.launch"))
+            leaf_start = min(s.start_ns for s in named(run, lane, "process.launch"))
             recorded = {
                 s.attrs["starttrace.import.module"]
-                for s in lane.spans
+                for s in lane_spans
                 if s.attrs.get("starttrace.phase") == "import"
                 and bootstrap.end_ns <= s.start_ns < leaf_start
                 and s.error is None
@@ -326,16 +324,17 @@ def test_a_rank_that_starts_a_process_gets_a_forkserver_of_its_own(ranks: Traced
     spans = span_index(run)
     rank0 = by_pid(run, ranks.out["ranks"][0]["pid"])
     leaf = by_pid(run, ranks.out["ranks"][0]["leaf"])
-    (start,) = named(rank0, "forkserver.start")
+    (start,) = named(run, rank0, "forkserver.start")
     second = by_pid(run, start.attrs["starttrace.child_pid"])
     assert second.role == "forkserver" and second.ppid == rank0.pid
     assert second.pid != ranks.out["forkserver"]
-    (preload,) = named(second, "forkserver.preload")
-    assert [s.name for s in second.spans if s.parent_id == preload.span_id] == ["preload __main__"]
-    (fork,) = named(second, "process.fork")
+    (preload,) = named(run, second, "forkserver.preload")
+    assert [s.name for s in children(run, second, preload)] == ["preload __main__"]
+    (fork,) = named(run, second, "process.fork")
     assert fork.attrs["starttrace.child_pid"] == leaf.pid
-    assert leaf.process_span is not None and leaf.process_span.parent_id == fork.span_id
-    owner, launch = spans[str(leaf.process_span.attrs.get("starttrace.launched_by"))]
+    leaf_span = run.process_span(leaf)
+    assert leaf_span is not None and leaf_span.parent_id == fork.span_id
+    owner, launch = spans[str(leaf_span.attrs.get("starttrace.launched_by"))]
     assert owner is rank0 and launch.attrs["starttrace.start_method"] == "forkserver"
 
 
@@ -360,9 +359,9 @@ def test_a_warmed_up_default_forkserver_that_forks_nothing_is_unused(prewarm: Tr
     assert prewarm.out["before"] is None and prewarm.out["method"] == "forkserver"
     run = prewarm.run
     server = by_pid(run, prewarm.out["forkserver"])
-    assert server.role == "forkserver" and not named(server, "process.fork")
-    (preload,) = named(server, "forkserver.preload")
-    assert [s.name for s in server.spans if s.parent_id == preload.span_id] == ["preload __main__"]
+    assert server.role == "forkserver" and not named(run, server, "process.fork")
+    (preload,) = named(run, server, "forkserver.preload")
+    assert [s.name for s in children(run, server, preload)] == ["preload __main__"]
     model = build_model(run)
     (unused,) = [f for f in model.findings if f["kind"] == "unused_forkserver"]
     assert unused["forkserver_pid"] == server.pid and unused["started_by_pid"] == prewarm.out["root"]
@@ -403,12 +402,14 @@ def test_a_resource_tracker_started_by_a_queue_is_linked_to_its_launch(queue: Tr
     root = by_pid(run, queue.out["root"])
     assert queue.out["before"] is None and queue.out["method"] == "forkserver"
     (tracker,) = [p for p in run.processes if p.resource.get("starttrace.process_name") == "resource_tracker"]
-    assert tracker.process_span is not None
-    owner, launch = spans[tracker.process_span.parent_id or ""]
+    tracker_span = run.process_span(tracker)
+    assert tracker_span is not None
+    owner, launch = spans[tracker_span.parent_id or ""]
     assert owner is root and launch.name == "process.launch"
     assert launch.attrs["starttrace.child_pid"] == tracker.pid
-    assert root.process_span is not None and launch.parent_id == root.process_span.span_id  # not inside a start
-    (start,) = named(root, "forkserver.start")
+    root_span = run.process_span(root)
+    assert root_span is not None and launch.parent_id == root_span.span_id  # not inside a start
+    (start,) = named(run, root, "forkserver.start")
     assert launch.end_ns is not None and launch.end_ns <= start.start_ns  # before the first Process.start()
     child = by_pid(run, queue.out["child"])
     assert child.resource["starttrace.start_method"] == "forkserver"

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from run_spans import spans_of
+
 from starttrace.sources.journal_reader import read_run
 
 IMPORTTIME_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \|\s*(\S+)\s*$")
@@ -83,7 +85,7 @@ def test_imports_match_importtime_of_the_untraced_program(
     (process,) = run.processes
     recorded = {
         s.attrs["starttrace.import.module"]
-        for s in process.spans
+        for s in spans_of(run, process)
         if s.attrs.get("starttrace.phase") == "import" and "customize" not in s.name  # site's own tries
     }
     assert recorded == truth
@@ -97,13 +99,14 @@ def test_process_record_names_the_footprint_and_credits_the_first_importer(
     program = PROGRAM.format(mods=str(_program_modules(tmp_path)))
     done = subprocess.run([venv_python, "-c", program], env=traced_env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    (process,) = read_run(only_run_dir(journal_root)).processes
+    run = read_run(only_run_dir(journal_root))
+    (process,) = run.processes
     footprint = process.record["footprint"]
     assert set(footprint) == {"atexit", "mmap", "__future__"} or set(footprint) == {"atexit", "mmap"}
     assert isinstance(footprint["mmap"], int) and footprint["mmap"] > 0
     assert isinstance(footprint["atexit"], int) and footprint["atexit"] > 0
     assert not set(footprint) & set(process.preloaded), "hidden again: not in sys.modules at activation"
-    imports = [s for s in process.spans if s.attrs.get("starttrace.phase") == "import"]
+    imports = [s for s in spans_of(run, process) if s.attrs.get("starttrace.phase") == "import"]
     spans = {s.attrs["starttrace.import.module"]: s for s in imports}
     # the program's first importer of mmap gets what starttrace's own load of its shared library cost
     assert spans["mmap"].attrs["starttrace.import.footprint_ns"] == footprint["mmap"]

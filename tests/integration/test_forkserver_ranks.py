@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from run_spans import children, named, spans_of
 
 from starttrace.sources.journal_reader import Process, Run, Span, read_run
 
@@ -73,21 +74,13 @@ def dirty(tmp_path_factory: pytest.TempPathFactory, clean_env: Callable[..., dic
     return _run_example(clean_env, tmp_path_factory.mktemp("dirty"), "--cuda-in-preload")
 
 
-def named(process: Process, name: str) -> list[Span]:
-    return [s for s in process.spans if s.name == name]
-
-
-def children(process: Process, parent: Span) -> list[Span]:
-    return sorted((s for s in process.spans if s.parent_id == parent.span_id), key=lambda s: s.start_ns)
-
-
 def forkservers(run: Run) -> dict[str, Process]:
     """The two forkservers by their preload list: 'api' and 'workers'."""
     found: dict[str, Process] = {}
     for process in run.processes:
         if process.role != "forkserver":
             continue
-        (preload,) = named(process, "forkserver.preload")
+        (preload,) = named(run, process, "forkserver.preload")
         modules = preload.attrs["starttrace.preload"]
         if modules == API_PRELOAD:
             found["api"] = process
@@ -114,11 +107,12 @@ def test_runs_fast_and_correctly(clean: Traced) -> None:
 
 
 def test_preload_has_one_child_span_per_module(clean: Traced) -> None:
+    run = clean.run
     for kind, expected in (("api", API_PRELOAD), ("workers", WORKER_PRELOAD)):
-        server = forkservers(clean.run)[kind]
-        (preload,) = named(server, "forkserver.preload")
+        server = forkservers(run)[kind]
+        (preload,) = named(run, server, "forkserver.preload")
         assert preload.error is None and preload.end_ns is not None
-        kids = children(server, preload)
+        kids = sorted(children(run, server, preload), key=lambda s: s.start_ns)
         assert [s.attrs.get("starttrace.import.module") for s in kids] == expected
         assert all(s.start_ns >= preload.start_ns and s.end_ns <= preload.end_ns for s in kids)  # type: ignore[operator]
 
@@ -127,7 +121,7 @@ def test_one_fork_per_rank_and_ranks_on_their_lanes(clean: Traced) -> None:
     run = clean.run
     workers = forkservers(run)["workers"]
     by_rank = ranks(run)
-    forks = named(workers, "process.fork")
+    forks = named(run, workers, "process.fork")
     assert sorted(s.attrs["starttrace.child_pid"] for s in forks) == sorted(p.pid for p in by_rank.values())
     fork_by_child = {s.attrs["starttrace.child_pid"]: s for s in forks}
     for rank, lane in by_rank.items():
@@ -135,18 +129,20 @@ def test_one_fork_per_rank_and_ranks_on_their_lanes(clean: Traced) -> None:
         assert lane.resource.get("starttrace.start_method") == "forkserver"
         assert lane.resource.get("starttrace.world_size") == RANKS
         # the lane hangs under the fork that made it, and its target is the rank it reports
-        assert lane.process_span is not None and lane.process_span.parent_id == fork_by_child[lane.pid].span_id
-        (bootstrap,) = named(lane, "process.bootstrap")
+        own = run.process_span(lane)
+        assert own is not None and own.parent_id == fork_by_child[lane.pid].span_id
+        (bootstrap,) = named(run, lane, "process.bootstrap")
         assert bootstrap.attrs.get("starttrace.process_name") == f"rank-{rank}"
         # torch was imported after the fork, in the rank (the forkservers never imported it)
-        assert any(s.name == "import torch" for s in lane.spans)
+        assert named(run, lane, "import torch")
     for server in forkservers(run).values():
-        assert not any(s.name == "import torch" for s in server.spans)
+        assert not named(run, server, "import torch")
 
 
 def test_dist_init_in_every_rank(clean: Traced) -> None:
-    for rank, lane in ranks(clean.run).items():
-        (init,) = named(lane, "dist.init")
+    run = clean.run
+    for rank, lane in ranks(run).items():
+        (init,) = named(run, lane, "dist.init")
         assert init.error is None and init.end_ns is not None and init.end_ns > init.start_ns
         assert init.attrs["starttrace.phase"] == "dist_init"
         assert init.attrs["starttrace.dist.backend"] == "gloo"
@@ -157,8 +153,9 @@ def test_dist_init_in_every_rank(clean: Traced) -> None:
 
 
 def test_cuda_init_recorded_in_every_rank(clean: Traced) -> None:
-    for lane in ranks(clean.run).values():
-        (init,) = named(lane, "cuda.init")
+    run = clean.run
+    for lane in ranks(run).values():
+        (init,) = named(run, lane, "cuda.init")
         assert init.attrs["starttrace.phase"] == "cuda_init"
         assert "forkserver_ranks.py" in init.attrs["starttrace.cuda.trigger"]
         if CUDA:
@@ -170,11 +167,12 @@ def test_cuda_init_recorded_in_every_rank(clean: Traced) -> None:
 
 
 def test_clean_tree_passes_the_audit(clean: Traced) -> None:
-    for process in clean.run.processes:
+    run = clean.run
+    for process in run.processes:
         assert not process.resource.get("starttrace.cuda_before_fork"), process.label
-        assert not any(s.attrs.get("starttrace.cuda_before_fork") for s in process.spans), process.label
-    for server in forkservers(clean.run).values():
-        assert not named(server, "cuda.init")
+        assert not any(s.attrs.get("starttrace.cuda_before_fork") for s in spans_of(run, process)), process.label
+    for server in forkservers(run).values():
+        assert not named(run, server, "cuda.init")
 
 
 def test_cuda_in_preload_is_flagged(dirty: Traced) -> None:
@@ -182,18 +180,18 @@ def test_cuda_in_preload_is_flagged(dirty: Traced) -> None:
     servers = forkservers(run)
     workers = servers["workers"]
     assert workers.resource.get("starttrace.cuda_before_fork") is True
-    (preload,) = named(workers, "forkserver.preload")
+    (preload,) = named(run, workers, "forkserver.preload")
     assert preload.attrs["starttrace.preload"] == [*WORKER_PRELOAD, "cuda_preload"]
     # the import chain that triggered CUDA init: preload cuda_preload -> cuda.init
-    (init,) = named(workers, "cuda.init")
-    by_id = {s.span_id: s for s in workers.spans}
+    (init,) = named(run, workers, "cuda.init")
+    by_id = {s.span_id: s for s in spans_of(run, workers)}
     chain = []
     span: Span | None = init
     while span is not None:
         chain.append(span.name)
         span = by_id.get(span.parent_id or "")
     assert "preload cuda_preload" in chain and "forkserver.preload" in chain, chain
-    forks = named(workers, "process.fork")
+    forks = named(run, workers, "process.fork")
     assert len(forks) == RANKS and all(s.attrs.get("starttrace.cuda_before_fork") is True for s in forks)
     # the api forkserver stayed clean
     assert not servers["api"].resource.get("starttrace.cuda_before_fork")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from run_spans import named, spans_of
 
 from starttrace.sources.journal_reader import Run, read_run
 
@@ -95,10 +96,11 @@ def _imports(run: Run) -> dict[str, Counter[tuple[object, ...]]]:
     """Per process (root or fork child): every import span, as what it says apart from ids and times."""
     out: dict[str, Counter[tuple[object, ...]]] = {}
     for process in run.processes:
-        by_id = {s.span_id: s for s in process.spans}
+        own = spans_of(run, process)
+        by_id = {s.span_id: s for s in own}
         kind = process.record.get("method", "?")
         spans: Counter[tuple[object, ...]] = Counter()
-        for s in process.spans:
+        for s in own:
             if s.attrs.get("starttrace.phase") != "import":
                 continue
             parent = by_id.get(s.parent_id or "")
@@ -183,9 +185,9 @@ def test_c_and_python_write_the_same_records(both_runs: tuple[Run, Run]) -> None
 def test_the_c_core_keeps_the_program_s_exception(both_runs: tuple[Run, Run]) -> None:
     with_c, _ = both_runs
     root = next(p for p in with_c.processes if p.record.get("method") == "root")
-    broken = next(s for s in root.spans if s.name == "import broken")
+    broken = named(with_c, root, "import broken")[0]
     assert broken.error == "ValueError: broken on purpose"
-    child = next(s for s in root.spans if s.name == "import broken_child")
+    child = named(with_c, root, "import broken_child")[0]
     assert child.parent_id == broken.span_id and child.error is None
 
 

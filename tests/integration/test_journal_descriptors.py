@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from run_spans import named, spans_of
 
 from starttrace.sources.journal_files import journal_files
 from starttrace.sources.journal_reader import Run, read_run
@@ -71,7 +72,7 @@ def _imports(run: Run, pid: int | None = None) -> dict[str, object]:
         s.attrs["starttrace.import.module"]: s
         for p in run.processes
         if pid is None or p.pid == pid
-        for s in p.spans
+        for s in spans_of(run, p)
         if s.attrs.get("starttrace.phase") == "import"
     }
 
@@ -197,9 +198,10 @@ def test_fork_after_closerange(
     assert child.record["method"] == "fork" and child.exited and child.exit_code == 7
     assert "colorsys" in _imports(run, child_pid) and "colorsys" not in _imports(run, parent.pid)
     assert "fractions" in _imports(run, parent.pid) and "fractions" not in _imports(run, child_pid)
-    (fork,) = [s for s in parent.spans if s.name == "process.fork"]
+    (fork,) = named(run, parent, "process.fork")
     assert fork.attrs["starttrace.child_pid"] == child_pid
-    assert child.process_span is not None and child.process_span.parent_id == fork.span_id
+    own = run.process_span(child)
+    assert own is not None and own.parent_id == fork.span_id
 
 
 BURST = """
@@ -254,7 +256,7 @@ def test_sigkill_in_the_middle_of_a_burst(
         assert not process.exited and process.alive is False
         segments = sorted(run_dir.glob("*.journal"))
         assert len(segments) >= 2, "the burst went on into further segments"
-        spans = [s for s in process.spans if s.name == "burst"]
+        spans = named(run, process, "burst")
         assert len(spans) > 2000
         for t in range(threads):
             mine = sorted((s for s in spans if s.attrs["t"] == t), key=lambda s: s.start_ns)
@@ -298,7 +300,7 @@ def test_sixteen_processes_write_at_once(
     assert sorted(p.pid for p in children) == pids
     for process in children:
         assert process.exited  # (exit_code stays None at the end of a program: atexit cannot tell)
-        work = [s.attrs["i"] for s in sorted(process.spans, key=lambda s: s.start_ns) if s.name == "work"]
+        work = [s.attrs["i"] for s in sorted(spans_of(run, process), key=lambda s: s.start_ns) if s.name == "work"]
         assert work == list(range(200))
         assert {f"shared_mod_{i}" for i in range(200)} <= set(_imports(run, process.pid))
 
@@ -328,6 +330,7 @@ FULL_DISK = """
 CHECK = """
 import json, sys
 from pathlib import Path
+from starttrace.run import span_of
 from starttrace.sources.journal_reader import ReaderError, list_run_dirs, read_run
 runs = list_run_dirs(Path(sys.argv[1]))
 out = {"runs": len(runs)}
@@ -337,7 +340,8 @@ except ReaderError as exc:
     run, out["error"] = None, str(exc)
 if run is not None:
     (p,) = run.processes
-    imports = [s.attrs["starttrace.import.module"] for s in p.spans if s.attrs.get("starttrace.phase") == "import"]
+    spans = [span_of(row) for row in run.spans_of(p).iter_rows(named=True)]
+    imports = [s.attrs["starttrace.import.module"] for s in spans if s.attrs.get("starttrace.phase") == "import"]
     out.update(problems=run.problems, warnings=p.warnings, exited=p.exited, exit_code=p.exit_code,
                imports=imports, files=sorted(f.name for f in runs[0].iterdir()))
 print(json.dumps(out))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_spans import children, named, spans_named, spans_of
 
 from starttrace.sources.journal_reader import Process, Run, read_run
 
@@ -99,8 +100,8 @@ def ranks(run: Run) -> list[Process]:
     return found
 
 
-def imported(process: Process) -> set[str]:
-    return {s.attrs["starttrace.import.module"] for s in process.spans if s.name.startswith("import ")}
+def imported(run: Run, process: Process) -> set[str]:
+    return {s.attrs["starttrace.import.module"] for s in spans_of(run, process) if s.name.startswith("import ")}
 
 
 def test_generic_children_are_labelled_by_name_and_target(loop: Loop) -> None:
@@ -124,7 +125,7 @@ def test_advise_preload_list_covers_the_rank_imports(loop: Loop) -> None:
     assert {"asyncio", "email.mime.multipart", "unittest", "decimal"} <= set(loop.preload)
     assert "__main__" not in loop.preload and "preload_loop" not in loop.preload
     for rank in ranks(loop.a):
-        assert set(RANK_MODULES) <= imported(rank)  # run A: every rank paid for them after its fork
+        assert set(RANK_MODULES) <= imported(loop.a, rank)  # run A: every rank paid for them after its fork
     flat = " ".join(loop.advise_out.split())  # the findings list wraps at spaces
     assert "to the preload of forkserver pid" in flat and "(it preloads [__main__] now)" in flat
 
@@ -132,16 +133,16 @@ def test_advise_preload_list_covers_the_rank_imports(loop: Loop) -> None:
 def test_run_b_preloads_them_in_the_forkserver_and_ranks_import_none(loop: Loop) -> None:
     for rank in ranks(loop.b):
         assert rank.resource["starttrace.start_method"] == "forkserver"
-        assert not imported(rank) & set(RANK_MODULES), sorted(imported(rank) & set(RANK_MODULES))
+        assert not imported(loop.b, rank) & set(RANK_MODULES), sorted(imported(loop.b, rank) & set(RANK_MODULES))
     (fs,) = [p for p in loop.b.processes if p.role == "forkserver"]
-    (pre,) = [s for s in fs.spans if s.name == "forkserver.preload"]
+    (pre,) = named(loop.b, fs, "forkserver.preload")
     assert pre.attrs["starttrace.preload"] == ["__main__", *loop.preload]
     assert pre.attrs["starttrace.preload_added"] == loop.preload
-    held = {s.attrs.get("starttrace.import.module") for s in fs.spans if s.parent_id == pre.span_id}
+    held = {s.attrs.get("starttrace.import.module") for s in children(loop.b, fs, pre)}
     assert set(loop.preload) <= held
     (root,) = [p for p in loop.b.processes if p.resource.get("starttrace.start_method") == "root"]
     assert root.resource["starttrace.forkserver_preload_extra"] == loop.preload
-    (start,) = [s for p in loop.b.processes for s in p.spans if s.name == "forkserver.start"]
+    (start,) = spans_named(loop.b, "forkserver.start")
     assert start.attrs["starttrace.preload_added"] == loop.preload
 
 
@@ -200,10 +201,10 @@ def test_run_preload_option(loop: Loop, venv_python: str) -> None:
     )
     assert done.stderr.count("every forkserver of this run also preloads asyncio, decimal") == 1
     run = newest(loop.root, before)
-    (start,) = [s for p in run.processes for s in p.spans if s.name == "forkserver.start"]
+    (start,) = spans_named(run, "forkserver.start")
     assert start.attrs["starttrace.preload"] == ["__main__", "asyncio", "decimal"]
     for rank in ranks(run):
-        assert not imported(rank) & {"asyncio", "decimal"}
+        assert not imported(run, rank) & {"asyncio", "decimal"}
     bad = cli(
         venv_python, loop.env, "run", "--dir", str(loop.root), "--preload", "not a module", "--", "true", check=False
     )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from run_spans import all_spans, named, span_index, spans_of
 
 from starttrace.sources.journal_reader import Process, Run, Span, list_run_dirs, read_run
 
@@ -64,14 +65,6 @@ def by_pid(run: Run, pid: int) -> Process:
     return matches[0]
 
 
-def span_index(run: Run) -> dict[str, tuple[Process | None, Span]]:
-    return {span.span_id: (process, span) for process, span in run.all_spans()}
-
-
-def named(process: Process, name: str) -> list[Span]:
-    return [s for s in process.spans if s.name == name]
-
-
 def test_one_run_for_the_whole_tree(tree: TracedTree) -> None:
     run = tree.run
     expected = 9 if HAVE_TORCH else 8  # root, resource tracker, spawn, fork, forkserver + 2, subprocess, torch
@@ -85,7 +78,8 @@ def test_one_run_for_the_whole_tree(tree: TracedTree) -> None:
     root = by_pid(run, tree.root_pid)
     assert root.resource["starttrace.start_method"] == "root"
     assert root.resource["starttrace.role"] == "main"
-    assert root.process_span is not None and root.process_span.parent_id == startup.span_id
+    own = run.process_span(root)
+    assert own is not None and own.parent_id == startup.span_id
 
 
 def test_children_link_to_the_span_that_made_them(tree: TracedTree) -> None:
@@ -94,9 +88,9 @@ def test_children_link_to_the_span_that_made_them(tree: TracedTree) -> None:
     root = by_pid(run, tree.root_pid)
 
     def parent_of(pid: int) -> tuple[Process | None, Span]:
-        child = by_pid(run, pid)
-        assert child.process_span is not None
-        return spans[child.process_span.parent_id or ""]
+        own = run.process_span(by_pid(run, pid))
+        assert own is not None
+        return spans[own.parent_id or ""]
 
     owner, launch = parent_of(pids["spawn"])
     assert owner is root and launch.name == "process.launch"
@@ -124,38 +118,43 @@ def test_forkserver_start_preload_and_forked_children(tree: TracedTree) -> None:
     servers = [p for p in run.processes if p.role == "forkserver"]
     assert len(servers) == 1
     server = servers[0]
-    starts = named(root, "forkserver.start")
+    starts = named(run, root, "forkserver.start")
     assert len(starts) == 1
     assert starts[0].attrs["starttrace.preload"] == ["colorsys", "email.utils", "runpy", "pkgutil"]
     assert starts[0].attrs["starttrace.child_pid"] == server.pid
-    assert server.process_span is not None and server.process_span.parent_id == starts[0].span_id
+    server_span = run.process_span(server)
+    assert server_span is not None and server_span.parent_id == starts[0].span_id
 
-    preload = named(server, "forkserver.preload")
+    preload = named(run, server, "forkserver.preload")
     assert len(preload) == 1 and preload[0].end_ns is not None
-    per_module = [s for s in server.spans if s.parent_id == preload[0].span_id and s.name.startswith("preload ")]
+    server_spans = spans_of(run, server)
+    per_module = [s for s in server_spans if s.parent_id == preload[0].span_id and s.name.startswith("preload ")]
     assert [s.name for s in per_module] == [
         "preload colorsys",
         "preload email.utils",
         "preload runpy",
         "preload pkgutil",
     ]
-    email_imports = [s for s in server.spans if s.name == "import email.utils"]
+    email_imports = [s for s in server_spans if s.name == "import email.utils"]
     assert email_imports and email_imports[0].parent_id == per_module[1].span_id
 
-    forks = named(server, "process.fork")
+    forks = named(run, server, "process.fork")
     children = [p for p in run.processes if p.resource["starttrace.start_method"] == "forkserver"]
     assert len(children) == 2 and len(forks) == 2
     assert {f.attrs["starttrace.child_pid"] for f in forks} == {c.pid for c in children}
     for child in children:
-        assert child.process_span is not None
-        owner, fork = spans[child.process_span.parent_id or ""]
+        own = run.process_span(child)
+        assert own is not None
+        owner, fork = spans[own.parent_id or ""]
         assert owner is server and fork.name == "process.fork"
-        launched_by = child.process_span.attrs.get("starttrace.launched_by")
+        launched_by = own.attrs.get("starttrace.launched_by")
         owner, launch = spans[str(launched_by)]
         assert owner is root and launch.name == "process.launch" and launch.attrs["starttrace.child_pid"] == child.pid
         # what the child imported after its fork is its own: difflib, tomllib
         imported = {
-            s.attrs["starttrace.import.module"] for s in child.spans if s.attrs.get("starttrace.phase") == "import"
+            s.attrs["starttrace.import.module"]
+            for s in spans_of(run, child)
+            if s.attrs.get("starttrace.phase") == "import"
         }
         assert {"difflib", "tomllib"} <= imported
         assert "email.utils" not in imported  # preloaded in the forkserver
@@ -165,24 +164,24 @@ def test_bootstrap_ends_where_the_target_starts(tree: TracedTree) -> None:
     run, pids = tree.run, tree.pids
     for key, first_import in (("spawn", "decimal"), ("fork", "statistics")):
         child = by_pid(run, pids[key])
-        bootstraps = named(child, "process.bootstrap")
+        bootstraps = named(run, child, "process.bootstrap")
         assert len(bootstraps) == 1, key
         boot = bootstraps[0]
         assert boot.end_ns is not None and boot.end_ns >= boot.start_ns
-        target_import = [s for s in child.spans if s.name == f"import {first_import}"]
+        target_import = named(run, child, f"import {first_import}")
         assert target_import and target_import[0].start_ns >= boot.end_ns
         assert child.resource["starttrace.process_name"] in ("spawn-child", "fork-child")
     spawn = by_pid(run, pids["spawn"])
-    init = named(spawn, "python.init")
+    init = named(run, spawn, "python.init")
     assert len(init) == 1 and init[0].end_ns is not None and init[0].end_ns - init[0].start_ns > 0
-    assert not named(by_pid(run, pids["fork"]), "python.init")  # a fork child runs no interpreter start
+    assert not named(run, by_pid(run, pids["fork"]), "python.init")  # a fork child runs no interpreter start
 
 
 def test_spans_nest_inside_their_parents(tree: TracedTree) -> None:
     run = tree.run
     spans = span_index(run)
     checked = 0
-    for process, span in run.all_spans():
+    for process, span in all_spans(run):
         if span.parent_id is None or span.parent_id not in spans:
             assert span.name == "startup" or span.parent_id in spans, span
             continue
@@ -236,7 +235,7 @@ def test_recorded_imports_equal_importtime_per_process(tree: TracedTree) -> None
         preloaded = set(process.preloaded)
         expected = set(truth) - preloaded
         imports: dict[str, Span] = {}
-        for span in process.spans:  # for a module loaded re-entrantly, keep the outermost span
+        for span in spans_of(tree.run, process):  # for a module loaded re-entrantly, keep the outermost span
             if span.attrs.get("starttrace.phase") == "import":
                 module = span.attrs["starttrace.import.module"]
                 if module not in imports or (span.duration_ns or 0) > (imports[module].duration_ns or 0):
@@ -260,21 +259,22 @@ def test_recorded_imports_equal_importtime_per_process(tree: TracedTree) -> None
 
 def test_import_self_time_and_file_paths(tree: TracedTree) -> None:
     child = by_pid(tree.run, tree.pids["spawn"])
-    decimal = next(s for s in child.spans if s.name == "import decimal")
+    decimal = next(s for s in spans_of(tree.run, child) if s.name == "import decimal")
     assert decimal.attrs["code.file.path"].endswith("decimal.py")
     assert 0 <= decimal.attrs["starttrace.import.self_us"] <= (decimal.end_ns - decimal.start_ns) // 1000
-    failed = [s for p in tree.run.processes for s in p.spans if s.attrs.get("starttrace.phase") == "import" and s.error]
+    failed = [s for _, s in all_spans(tree.run) if s.attrs.get("starttrace.phase") == "import" and s.error]
     assert failed and all("Error" in (s.error or "") for s in failed)  # optional imports that failed are kept
 
 
 @pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
 def test_torch_child_records_torch_imports(tree: TracedTree) -> None:
     child = by_pid(tree.run, tree.pids["torch"])
-    torch_span = [s for s in child.spans if s.name == "import torch"]
+    spans = spans_of(tree.run, child)
+    torch_span = [s for s in spans if s.name == "import torch"]
     assert len(torch_span) == 1
-    nested = [s for s in child.spans if s.parent_id == torch_span[0].span_id]
+    nested = [s for s in spans if s.parent_id == torch_span[0].span_id]
     assert len(nested) > 20
-    total = sum(1 for s in child.spans if s.attrs.get("starttrace.import.module", "").startswith("torch"))
+    total = sum(1 for s in spans if s.attrs.get("starttrace.import.module", "").startswith("torch"))
     assert total > 300
 
 
@@ -282,7 +282,7 @@ def test_a_helper_ready_is_not_the_run_ready(tree: TracedTree) -> None:
     """The resource tracker marks `process.ready`; only a server's `ready` makes the run ready."""
     from starttrace.analysis.lanes import build_model
 
-    tracker = [p for p in tree.run.processes if any(s.name == "process.ready" for s in p.spans)]
+    tracker = [p for p in tree.run.processes if named(tree.run, p, "process.ready")]
     assert tracker, "the resource tracker records process.ready"
     model = build_model(tree.run)
     assert model.ready_ns is None and model.status != "ready"
@@ -290,7 +290,7 @@ def test_a_helper_ready_is_not_the_run_ready(tree: TracedTree) -> None:
     assert startup is not None and startup.end_ns is not None
     # not cut short at the tracker's process.ready; it may run past the root's exit by the time the
     # forkserver takes to notice that exit (its lane is the run's last), which a loaded machine stretches
-    ready_s = max(s.start_ns for p in tracker for s in p.spans if s.name == "process.ready") - startup.start_ns
+    ready_s = max(s.start_ns for p in tracker for s in named(tree.run, p, "process.ready")) - startup.start_ns
     margin = 0.2 if HAVE_TORCH else 0.05  # the tree without torch (other Python versions) ends in ~0.4 s
     assert ready_s / 1e9 < (startup.end_ns - startup.start_ns) / 1e9 - margin
     assert (startup.end_ns - startup.start_ns) / 1e9 - 0.05 < model.startup_s <= (model.t_end - model.t0) / 1e9
@@ -304,7 +304,8 @@ def test_resource_tracker_started_through_the_module_alias_is_linked(tree: Trace
     assert len(trackers) == 1
     tracker = trackers[0]
     assert tracker.resource["starttrace.start_method"] == "spawn"
-    assert tracker.process_span is not None
-    owner, launch = spans[tracker.process_span.parent_id or ""]
+    own = run.process_span(tracker)
+    assert own is not None
+    owner, launch = spans[own.parent_id or ""]
     assert owner is not None and owner.pid == tree.root_pid
     assert launch.name == "process.launch" and launch.attrs["starttrace.child_pid"] == tracker.pid

@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_spans import named, spans_of
 
 from starttrace.probes.vllm import MANUAL_POINTS, VLLM_MARK_PHASES, mark_phase
-from starttrace.sources.journal_reader import Process, read_run
+from starttrace.sources.journal_reader import Process, Run, read_run
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 
@@ -80,7 +81,7 @@ print(json.dumps({
 """
 
 
-def _traced(tmp_path: Path, clean_env, mode: str) -> tuple[dict, Process]:
+def _traced(tmp_path: Path, clean_env, mode: str) -> tuple[dict, Run, Process]:
     journal_root = tmp_path / "runs"
     env = clean_env(STARTTRACE="1", STARTTRACE_DIR=str(journal_root), VLLM_LOGGING_LEVEL="WARNING")
     done = subprocess.run(
@@ -90,17 +91,17 @@ def _traced(tmp_path: Path, clean_env, mode: str) -> tuple[dict, Process]:
     (run_dir,) = [p for p in journal_root.iterdir() if p.is_dir()]
     run = read_run(run_dir)
     (process,) = run.processes
-    return json.loads(done.stdout.strip().splitlines()[-1]), process
+    return json.loads(done.stdout.strip().splitlines()[-1]), run, process
 
 
 def test_a_vllm_mark_is_one_journal_span_with_its_phase(tmp_path: Path, clean_env) -> None:
-    out, process = _traced(tmp_path, clean_env, "plain")
+    out, run, process = _traced(tmp_path, clean_env, "plain")
     assert out["marks"] == {
         "load_weights": "Load weights",
         "executor_init": "Executor init",
         "worker_proc_init": "Worker init",
     }
-    (span,) = [s for s in process.spans if s.name == "Load weights"]
+    (span,) = named(run, process, "Load weights")
     assert span.attrs["starttrace.phase"] == "model_load"
     assert span.attrs["starttrace.source"] == "vllm"
     assert span.attrs["code.function"].endswith("default_loader.DefaultModelLoader.load_weights")
@@ -112,13 +113,13 @@ def test_a_vllm_mark_is_one_journal_span_with_its_phase(tmp_path: Path, clean_en
     assert "vllm.model_executor.model_loader.default_loader.DefaultModelLoader.load_weights" in probes
     # WorkerProc.__init__: vLLM's mark is the span, our row keeps only its identity callback
     assert out["hooks_on_worker_proc_init"] is True
-    assert not [s for s in process.spans if s.name in ("vllm.executor.init", "vllm.worker.init")]
+    assert not [s for s in spans_of(run, process) if s.name in ("vllm.executor.init", "vllm.worker.init")]
 
 
 def test_with_vllms_own_otel_export_the_span_is_once_in_each(tmp_path: Path, clean_env) -> None:
-    out, process = _traced(tmp_path, clean_env, "otel")
+    out, run, process = _traced(tmp_path, clean_env, "otel")
     assert out["otel"] == ["Load weights"]  # vLLM's own copy, exported once
-    (span,) = [s for s in process.spans if s.name == "Load weights"]
+    (span,) = named(run, process, "Load weights")
     assert span.attrs["starttrace.vllm.otlp"] is True
     assert span.attrs["starttrace.phase"] == "model_load"
 

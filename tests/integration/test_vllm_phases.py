@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_spans import named, spans_of
 
-from starttrace.run import Process, Span
+from starttrace.run import Process, Run, Span
 from starttrace.sources.journal_reader import read_run
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
@@ -114,7 +115,7 @@ print(json.dumps({"result": runner.capture_model()}))
 """
 
 
-def _traced(tmp_path: Path, clean_env, args: list[str], timeout: int = 300) -> tuple[dict, list[Process]]:
+def _traced(tmp_path: Path, clean_env, args: list[str], timeout: int = 300) -> tuple[dict, Run]:
     journal_root = tmp_path / "runs"
     env = clean_env(STARTTRACE="1", STARTTRACE_DIR=str(journal_root), VLLM_LOGGING_LEVEL="WARNING")
     done = subprocess.run(
@@ -122,32 +123,32 @@ def _traced(tmp_path: Path, clean_env, args: list[str], timeout: int = 300) -> t
     )
     assert done.returncode == 0, done.stderr[-3000:]
     (run_dir,) = [p for p in journal_root.iterdir() if p.is_dir()]
-    return json.loads(done.stdout.strip().splitlines()[-1]), read_run(run_dir).processes
+    return json.loads(done.stdout.strip().splitlines()[-1]), read_run(run_dir)
 
 
-def _named(process: Process, name: str) -> list[Span]:
-    return sorted((s for s in process.spans if s.name == name), key=lambda s: s.start_ns)
+def _named(run: Run, process: Process, name: str) -> list[Span]:
+    return sorted(named(run, process, name), key=lambda s: s.start_ns)
 
 
 def test_profile_run_warmup_and_capture_per_batch_size(tmp_path: Path, clean_env) -> None:
-    out, processes = _traced(tmp_path, clean_env, ["-c", RUNNER])
+    out, run = _traced(tmp_path, clean_env, ["-c", RUNNER])
     assert out["result"] == 123456
-    (process,) = processes
+    (process,) = run.processes
     # profile_run: the memory profile on its own, a warmup inside vLLM's "Warmup (CPU)"
-    profile, in_warmup = _named(process, "vllm.kv_cache.profile_run")
+    profile, in_warmup = _named(run, process, "vllm.kv_cache.profile_run")
     assert profile.attrs["starttrace.phase"] == "kv_cache"
     assert in_warmup.attrs["starttrace.phase"] == "warmup"
     assert in_warmup.attrs["vllm.profile_run.purpose"] == "warmup"
-    (warmup,) = _named(process, "Warmup (CPU)")
+    (warmup,) = _named(run, process, "Warmup (CPU)")
     assert warmup.attrs["starttrace.phase"] == "warmup" and in_warmup.parent_id == warmup.span_id
     assert warmup.attrs["starttrace.vllm.replaces"] == "vllm.warmup"  # the table row it stands for
     # capture: vLLM's "Capture model" with the bytes it returned, one child per batch size
-    (capture,) = _named(process, "Capture model")
+    (capture,) = _named(run, process, "Capture model")
     assert capture.attrs["starttrace.phase"] == "cuda_graphs"
     assert capture.attrs["starttrace.cuda_graphs.memory_bytes"] == 123456
     assert capture.attrs["starttrace.cuda_graphs.count"] == 4
     assert capture.attrs["starttrace.vllm.replaces"] == "vllm.cuda_graphs.capture"
-    sizes = _named(process, "cuda_graphs.capture")
+    sizes = _named(run, process, "cuda_graphs.capture")
     assert [s.attrs["starttrace.cuda_graphs.batch_size"] for s in sizes] == [8, 4, 2, 1]
     for span in sizes:
         assert span.parent_id == capture.span_id
@@ -156,7 +157,7 @@ def test_profile_run_warmup_and_capture_per_batch_size(tmp_path: Path, clean_env
         assert span.attrs["starttrace.cuda_graphs.uniform_decode"] is True
         assert "starttrace.cuda_graphs.memory_bytes" not in span.attrs  # no CUDA here: not measured
     # our own rows for what vLLM marks record nothing
-    assert not _named(process, "vllm.cuda_graphs.capture") and not _named(process, "vllm.warmup")
+    assert not _named(run, process, "vllm.cuda_graphs.capture") and not _named(run, process, "vllm.warmup")
 
 
 RANKS = r"""
@@ -192,15 +193,15 @@ if __name__ == "__main__":
 def test_communicators_on_two_cpu_ranks(tmp_path: Path, clean_env) -> None:
     script = tmp_path / "ranks.py"
     script.write_text(RANKS)
-    out, processes = _traced(tmp_path, clean_env, [str(script)], 400)
+    out, run = _traced(tmp_path, clean_env, [str(script)], 400)
     assert out["codes"] == [0, 0]
-    ranks = [p for p in processes if any(s.name == "vllm.init_distributed_environment" for s in p.spans)]
+    ranks = [p for p in run.processes if named(run, p, "vllm.init_distributed_environment")]
     assert len(ranks) == 2
     for process in ranks:
-        groups = {s.attrs.get("vllm.dist.group") for s in _named(process, "vllm.dist.group.init")}
+        groups = {s.attrs.get("vllm.dist.group") for s in _named(run, process, "vllm.dist.group.init")}
         assert {"world", "tp"} <= groups, groups
-        communicators = _named(process, "vllm.dist.device_communicator.init")
-        assert communicators, [s.name for s in process.spans if not s.name.startswith("import")]
+        communicators = _named(run, process, "vllm.dist.device_communicator.init")
+        assert communicators, [s.name for s in spans_of(run, process) if not s.name.startswith("import")]
         for span in communicators:
             assert span.attrs["starttrace.phase"] == "dist_init"
             assert span.attrs["starttrace.dist.group_size"] == 2
@@ -262,15 +263,17 @@ print(json.dumps({k: v is not None for k, v in results.items()}))
 def test_vllm_aot_load_is_a_compile_graph_hit(tmp_path: Path, clean_env) -> None:
     folder = tmp_path / "cache"
     folder.mkdir()
-    out, (process,) = _traced(tmp_path, clean_env, ["-c", AOT, str(folder)])
+    out, run = _traced(tmp_path, clean_env, ["-c", AOT, str(folder)])
+    (process,) = run.processes
     assert out == {"cold": False, "broken": False, "warm": True}
-    (hit,) = _named(process, "compile.graph")
+    (hit,) = _named(run, process, "compile.graph")
     assert hit.attrs["starttrace.compile.cache"] == "hit"
     assert hit.attrs["starttrace.compile.cache_dir"] == str(folder / "good")
     assert hit.attrs["starttrace.phase"] == "compile" and hit.error is None
-    (failed,) = _named(process, "compile.aot_load")
+    (failed,) = _named(run, process, "compile.aot_load")
     assert failed.attrs["starttrace.compile.cache"] == "miss"
     assert failed.attrs["starttrace.compile.cache_dir"] == str(folder / "broken")
     assert failed.error
     # nothing for the cold start's missing artifact
-    assert not [s for s in process.spans if s.attrs.get("starttrace.compile.cache_dir") == str(folder / "missing")]
+    missing = str(folder / "missing")
+    assert not [s for s in spans_of(run, process) if s.attrs.get("starttrace.compile.cache_dir") == missing]

@@ -11,6 +11,8 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from run_spans import named
+
 from starttrace.analysis.lanes import build_model
 from starttrace.sources.journal_reader import read_run
 
@@ -31,7 +33,7 @@ def test_a_subprocess_waited_for_is_on_the_critical_path(
     m = build_model(run)
     root = next(lane for lane in m.lanes if lane.start_method == "root")
     child = next(lane for lane in m.lanes if lane is not root)
-    (wait,) = [n for n in root.spans if n.name == "process.wait"]
+    (wait,) = m.select(names=("process.wait",), lane=root)
     assert wait.attrs["starttrace.child_pid"] == child.pid
     assert wait.attrs["starttrace.wait.call"] == "Popen.communicate"
     assert wait.attrs["process.exit_code"] == 0
@@ -72,5 +74,5 @@ def test_a_polling_loop_is_not_a_span_per_turn(
     assert int(proc.stdout.strip().splitlines()[-1]) >= 5, "the loop polled"
     run = read_run(only_run_dir(journal_root))
     root = next(p for p in run.processes if p.record.get("method") == "root")
-    waits = [s for s in root.spans if s.name == "process.wait"]
+    waits = named(run, root, "process.wait")
     assert [s.attrs["starttrace.wait.call"] for s in waits] == ["Popen.wait"]  # q.wait() only

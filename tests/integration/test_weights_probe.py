@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from run_spans import named, spans_named
 
 from starttrace.probes.weights import fs_type
 from starttrace.sources.journal_reader import read_run
@@ -91,9 +92,10 @@ def test_one_weights_load_span_per_file_read(tmp_path: Path, clean_env) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     (run_dir,) = [p for p in journal_root.iterdir() if p.is_dir()]
-    (process,) = read_run(run_dir).processes
+    run = read_run(run_dir)
+    (process,) = run.processes
     assert not [w for w in process.warnings if "weights" in w]
-    spans = sorted((s for s in process.spans if s.name == "weights.load"), key=lambda s: s.start_ns)
+    spans = sorted(named(run, process, "weights.load"), key=lambda s: s.start_ns)
     shard0, shard1 = out["shards"]
     assert [s.attrs["starttrace.weights.file"] for s in spans] == [shard0, shard1, out["pt"], shard0]
     assert [s.attrs["starttrace.weights.format"] for s in spans] == [
@@ -159,8 +161,9 @@ def test_hf_hub_download_is_a_weights_download_span(tmp_path: Path, clean_env) -
     assert done.returncode == 0, done.stderr[-3000:]
     path = json.loads(done.stdout.strip().splitlines()[-1])["path"]
     (run_dir,) = [p for p in journal_root.iterdir() if p.is_dir()]
-    (process,) = read_run(run_dir).processes
-    (span,) = [s for s in process.spans if s.name == "weights.download"]
+    run = read_run(run_dir)
+    (process,) = run.processes
+    (span,) = named(run, process, "weights.download")
     assert span.attrs["starttrace.phase"] == "model_load"
     assert span.attrs["starttrace.weights.repo"] == "org/tiny"
     assert span.attrs["starttrace.weights.repo_file"] == "model.safetensors"
@@ -194,6 +197,6 @@ def test_import_torch_loads_only_the_small_torch_load_hook(
         "after": ["starttrace.probes.torch_load", "starttrace.probes.weights"],
     }
     run = read_run(only_run_dir(journal_root))
-    loads = [s for p in run.processes for s in p.spans if s.name == "weights.load"]
+    loads = spans_named(run, "weights.load")
     assert [s.attrs["starttrace.weights.format"] for s in loads] == ["torch"]
-    assert not [s for p in run.processes for s in p.spans if s.name == "import starttrace.probes.weights"]
+    assert not spans_named(run, "import starttrace.probes.weights")

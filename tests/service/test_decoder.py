@@ -92,12 +92,12 @@ def test_packed_by_the_worker_is_stored_as_decoded_in_the_service(tmp_path) -> N
         packed.ingest_now(batch)
         inline.ingest_now(parse_and_decode(body, CTYPE).batch)
     rows = packed.load_rows("packed")
-    assert rows is not None and rows.spans == inline.load_rows("packed").spans  # type: ignore[union-attr]
+    assert rows is not None and rows.spans.equals(inline.load_rows("packed").spans)  # type: ignore[union-attr]
     assert packed.count_spans("packed") == run.span_count
     for body in bodies[:3]:  # again, now as tuples: nothing new
         packed.ingest_now(parse_and_decode(body, CTYPE).batch)
     assert packed.count_spans("packed") == run.span_count
-    assert packed.load_rows("packed").spans == rows.spans  # type: ignore[union-attr]
+    assert packed.load_rows("packed").spans.equals(rows.spans)  # type: ignore[union-attr]
     packed.close()
     inline.close()
 

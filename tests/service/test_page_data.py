@@ -10,13 +10,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 from fastapi.testclient import TestClient
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as OtlpSpan
 from st_service_helpers import flush
 from synth_runs import make_run, protobuf_batches, to_protobuf
 
+from starttrace.analysis.lanes import build_model
+from starttrace.run import Process, Run, Span, spans_table
 from starttrace.service.model_cache import FIRST_VIEW, ModelCache
 from starttrace.sources.store import Store
-from starttrace.views.startup_json import FIRST_ROWS, PAGE_FIELDS
+from starttrace.views.json import to_json
+from starttrace.views.startup_json import FIRST_ROWS, PAGE_FIELDS, first_payload, lane_detail
 
 PB = {"Content-Type": "application/x-protobuf"}
 
@@ -141,3 +147,76 @@ def test_html_page_from_the_first_answer(client: TestClient) -> None:
     html = client.get("/startup/page", headers={"Accept": "text/html"}).text
     assert 'data-lane-url="/startup/page/lanes/{lane}/spans"' in html
     assert "worker" in html and 'id="rank-table"' in html
+
+
+def _row_run() -> Run:
+    """One process: a root, imports (one whose module is not its name), an error without attributes,
+    a span in progress, an instant; one span's attributes as OTLP bytes, the others as JSON text."""
+    ms = 1_000_000
+    t = 1_700_000_000_000_000_000
+    imp = {"starttrace.phase": "import", "starttrace.import.module": "a", "code.file.path": "/a.py"}
+    spans = [
+        Span("p", None, "process", t, t + 100 * ms, {"starttrace.phase": "process"}),
+        Span("i1", "p", "import a", t + ms, t + 30 * ms, imp),
+        Span("i2", "i1", "import a.b", t + 2 * ms, t + 9 * ms, dict(imp, **{"starttrace.import.module": "other"})),
+        Span("e", "p", "cuda.init", t + 40 * ms, t + 41 * ms, error="no GPU"),
+        Span("o", "p", "vllm.load", t + 50 * ms, None, {"starttrace.in_progress": True}, in_progress=True),
+        Span("r", "p", "ready", t + 60 * ms, t + 60 * ms, {"starttrace.phase": "ready"}, instant=True),
+    ]
+    table = spans_table([("L", s) for s in spans])
+    pb = OtlpSpan(
+        attributes=[
+            KeyValue(key=k, value=AnyValue(string_value=v))
+            for k, v in (
+                ("starttrace.phase", "import"),
+                ("starttrace.import.module", "other"),
+                ("code.file.path", "/a/b.py"),
+            )
+        ]
+    )
+    table = table.with_columns(
+        pl.when(pl.col("span_id") == "i2").then(pl.lit(pb.SerializeToString())).otherwise(None).alias("attrs_pb"),
+        pl.when(pl.col("span_id") == "i2").then(None).otherwise(pl.col("attrs")).alias("attrs"),
+    )
+    res = {"service.instance.id": "L", "process.pid": 7, "process.parent_pid": 1, "starttrace.role": "main"}
+    return Run("rows", "t" * 32, "", {}, [Process("L", 7, 1, None, res, "p", exited=None)], [], [], spans=table)
+
+
+def test_span_rows_from_the_table() -> None:
+    """Each span row: parent by position, times in µs from t0, flags, and only the attributes the
+    row does not already say (not the phase; not an import's module when its name says it)."""
+    model = build_model(_row_run(), now_ns=1_700_000_000_200_000_000)
+    rows = to_json(model)["lanes"][0]["spans"]
+    assert rows == [
+        ["p", -1, "process", "process", 0, 100_000, 0, 0, None],
+        ["i1", 0, "import a", "import", 1_000, 30_000, 1, 0, {"code.file.path": "/a.py"}],
+        [
+            "i2",
+            1,
+            "import a.b",
+            "import",
+            2_000,
+            9_000,
+            2,
+            0,
+            {"starttrace.import.module": "other", "code.file.path": "/a/b.py"},
+        ],
+        ["e", 0, "cuda.init", "cuda_init", 40_000, 41_000, 1, 4, {"error": "no GPU"}],
+        ["o", 0, "vllm.load", "other", 50_000, None, 1, 1, None],
+        ["r", 0, "ready", "ready", 60_000, 60_000, 1, 2, None],
+    ]
+    # the page's rows: the same, with each span's position; a window of one lane
+    first = first_payload(model)["lanes"][0]
+    assert (
+        first["complete"]
+        and [r[:-1] for r in first["spans"]] == rows
+        and [r[-1] for r in first["spans"]] == list(range(6))
+    )
+    detail = lane_detail(model, 0, start_us=35_000, end_us=55_000, min_us=0)
+    assert detail is not None and [r[0] for r in detail["spans"]] == ["p", "e", "o"] and not detail["complete"]
+    # a budget of 4 rows: the spans that are not imports (4) fill it, the imports wait for the detail
+    small = first_payload(model, rows=4, whole_run=0)
+    assert [r[0] for r in small["lanes"][0]["spans"]] == ["p", "e", "o", "r"]
+    assert small["lanes"][0]["detail_min_us"] == 29_000 + 1  # the longest import left out: 29 ms, rounded up
+    # one row more: the longest import, not its child
+    assert [r[0] for r in first_payload(model, rows=5, whole_run=0)["lanes"][0]["spans"]] == ["p", "i1", "e", "o", "r"]

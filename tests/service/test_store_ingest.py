@@ -1,9 +1,9 @@
-"""Fast ingest paths: protobuf spans stored as received (attributes decoded lazily), packed one row per batch."""
+"""The store's span columns: OTLP spans stored as received plus their column attributes read once,
+packed one Arrow IPC stream per batch, read back as one table with every span once."""
 
 from __future__ import annotations
 
 import json
-import marshal
 import math
 import random
 import sqlite3
@@ -11,13 +11,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from starttrace.sources import lane_reader
+from starttrace.run import SPAN_SCHEMA, column_values, decode_attrs
 from starttrace.sources import store as store_module
-from starttrace.sources.otlp import decode
-from starttrace.sources.store import IngestBatch, ProcessBatch, SpanTuple, Store, decode_attrs, span_row
+from starttrace.sources.batches import unpack_spans
+from starttrace.sources.otlp import decode, span_attrs
+from starttrace.sources.store import IngestBatch, ProcessBatch, SpanTuple, Store
+
+_TUPLE_COLS = ["span_id", "parent_id", "name", "start", "end", "in_progress", "instant", "attrs", "error", "thread"]
 
 
 def _span(i: int, end: int, in_progress: bool = False, attrs: dict | None = None) -> SpanTuple:
@@ -32,9 +36,13 @@ def _batch(spans: list[SpanTuple]) -> IngestBatch:
     return IngestBatch(processes=[ProcessBatch(source="otlp", resource=res, spans=spans)])
 
 
+def _rows(frame: pl.DataFrame) -> dict[str, dict[str, Any]]:
+    return {r["span_id"]: r for r in frame.iter_rows(named=True)}
+
+
 def _packed_rows(db: Path) -> list[tuple[int, int]]:
     with sqlite3.connect(db) as conn:
-        return [(int(r[0]), int(r[1])) for r in conn.execute("SELECT spans, length(body) FROM span_batches")]
+        return [(int(r[0]), int(r[1])) for r in conn.execute("SELECT spans, rows FROM span_batches ORDER BY seq")]
 
 
 def test_packed_batches_dedupe_and_replace_in_progress(tmp_path: Path) -> None:
@@ -49,22 +57,25 @@ def test_packed_batches_dedupe_and_replace_in_progress(tmp_path: Path) -> None:
     assert st.count_spans("r") == n
     # one row per batch (the last one held only an in-progress copy of an ended span: nothing kept);
     # only the first counts its spans as new
-    assert [r[0] for r in _packed_rows(db)] == [n, 0, 0]
-    listed = st.load_rows("r").spans  # type: ignore[union-attr]
-    assert [r[1] for r in listed] == [f"{i:016x}" for i in range(n)]  # each span once, at its first place
-    rows = {r[1]: r for r in listed}
+    assert _packed_rows(db) == [(n, n), (0, n), (0, len(ended))]
+    rows = st.load_rows("r")
+    assert rows is not None and rows.spans.schema == pl.Schema(SPAN_SCHEMA)
+    listed = rows.spans
+    assert listed["span_id"].to_list() == [f"{i:016x}" for i in range(n)]  # each span once, at its first place
+    got = _rows(listed)
     for i in range(n):
-        row = rows[f"{i:016x}"]
+        row = got[f"{i:016x}"]
         if i % 3 == 0:
-            assert (row[6], row[7]) == (9000 + i, 0)  # end_ns, in_progress: the ended copy won
+            assert (row["end"], row["in_progress"]) == (9000 + i, False)  # the ended copy won
         else:
-            assert (row[6], row[7]) == (5000 + i, 0)  # never replaced by the in-progress copy
+            assert (row["end"], row["in_progress"]) == (5000 + i, False)  # never replaced by the in-progress copy
     st.close()
     # after a restart the same spans are still stored once
     st2 = Store(db)
     st2.ingest_now(_batch(first[:50] + ended[:10]))
     assert st2.count_spans("r") == n
-    assert st2.load_rows("r").spans == listed  # type: ignore[union-attr]
+    again = st2.load_rows("r")
+    assert again is not None and again.spans.equals(listed)
     st2.close()
 
 
@@ -74,14 +85,17 @@ def test_unreadable_batch_is_reported_and_the_rest_kept(tmp_path: Path) -> None:
     st.ingest_now(_batch([_span(i, 5000) for i in range(5)]))
     st.ingest_now(_batch([_span(i, 5000) for i in range(5, 8)]))
     st.ingest_now(_batch([_span(i, 5000) for i in range(8, 10)]))
+    other = pl.DataFrame({"x": [1, 2]})
+    from starttrace.sources.batches import write_packed
+
     with sqlite3.connect(db) as conn:
-        conn.execute("UPDATE span_batches SET body = x'0badf00d' WHERE seq = 1")  # not marshal data
-        conn.execute("UPDATE span_batches SET body = ? WHERE seq = 3", (marshal.dumps([("x",), 2]),))  # wrong shape
+        conn.execute("UPDATE span_batches SET body = x'0badf00d' WHERE seq = 1")  # not a stream
+        conn.execute("UPDATE span_batches SET body = ? WHERE seq = 3", (write_packed(other),))  # other columns
     st.close()
-    st = Store(db)  # what the file holds (this writer's own live reader read the batches as written)
+    st = Store(db)
     rows = st.load_rows("r")
     assert rows is not None and rows.unreadable == 2
-    assert [r[1] for r in rows.spans] == [f"{i:016x}" for i in range(5, 8)]
+    assert rows.spans["span_id"].to_list() == [f"{i:016x}" for i in range(5, 8)]
     assert any("could not be read" in p for p in rows.problems)
     run = st.load_run("r")
     assert run is not None and any("could not be read" in p for p in run.problems)
@@ -89,117 +103,164 @@ def test_unreadable_batch_is_reported_and_the_rest_kept(tmp_path: Path) -> None:
     st.close()
 
 
-def _reference_lanes(rows: list[tuple[Any, ...]], lane_names: dict[int, str]) -> dict[str, list[SpanTuple]]:
-    """The reader's rule with the first-copy map kept for every span (what `_lane_spans` did before
-    it trusted the writer's new-span counts): each span once, at its first place, merged."""
-    from starttrace.sources.batches import unpack_spans
+def _merge_copy(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+    """The merge rule, one copy at a time (what the store's reader did span by span before)."""
+    if old["in_progress"] or (not new["in_progress"] and (old["attrs"] != new["attrs"] or old["end"] != new["end"])):
+        return {**new, "lane": old["lane"], "start": old["start"], "instant": old["instant"], "thread": old["thread"]}
+    return None
 
-    lanes: dict[str, list[SpanTuple]] = {}
-    seen: dict[int, dict[str, tuple[list[SpanTuple], int]]] = {}
-    for _seq, lane_ref, trace_ref, _new, body in sorted(rows):
-        out = lanes.setdefault(lane_names[lane_ref], [])
-        keys = seen.setdefault(trace_ref, {})
-        for sp in unpack_spans(body):
-            first = keys.get(sp[1])
-            if first is None:
-                keys[sp[1]] = (out, len(out))
-                out.append(sp)
+
+def _reference(batches: list[tuple[str, int, pl.DataFrame]]) -> pl.DataFrame:
+    """Batches (lane, trace, spans) in arrival order, folded copy by copy: each span once, at its
+    first place, merged."""
+    out: list[dict[str, Any]] = []
+    seen: dict[tuple[int, str], int] = {}
+    for lane, trace, frame in batches:
+        for row in frame.iter_rows(named=True):
+            row = {**row, "lane": lane}
+            at = seen.get((trace, row["span_id"]))
+            if at is None:
+                seen[trace, row["span_id"]] = len(out)
+                out.append(row)
             else:
-                merged = lane_reader.merge_copy(first[0][first[1]], sp)
+                merged = _merge_copy(out[at], row)
                 if merged is not None:
-                    first[0][first[1]] = merged
-    return lanes
+                    out[at] = merged
+    return pl.DataFrame(out, schema=SPAN_SCHEMA)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_lanes_read_as_with_a_map_of_every_span(tmp_path: Path, seed: int) -> None:
+@pytest.mark.parametrize("seed", range(8))
+def test_spans_read_as_folded_copy_by_copy(tmp_path: Path, seed: int) -> None:
     """Batches of three lanes and two traces, some repeating spans of other lanes' batches (in
-    progress, then ended, or ended twice with other attributes), in random order and sizes: the
-    lanes read back are the ones the always-mapped rule gives, although most batches (all new to
-    their trace) are only appended."""
+    progress, then ended, or ended twice with other attributes or the same), in random order and
+    sizes: the table read back (one table operation for the repeats) is the copy-by-copy fold."""
     rng = random.Random(seed)
     db = tmp_path / "s.db"
     st = Store(db)
     traces = ["ab" * 16, "cd" * 16]
-    sent: list[tuple[str, SpanTuple]] = []
+    sent: list[SpanTuple] = []
     for _ in range(40):
         lane = rng.choice(["l0", "l1", "l2"])
         trace = rng.choice(traces)
         spans = []
         for _ in range(rng.randint(1, 30)):
-            if sent and rng.random() < 0.15:  # a copy of an earlier span, from any lane
-                _, old = rng.choice(sent)
+            if sent and rng.random() < 0.2:  # a copy of an earlier span, from any lane
+                old = rng.choice(sent)
                 if old[0] != trace:
                     continue
-                spans.append((*old[:5], old[5] + rng.randint(0, 2), 0, 0, json.dumps({"v": rng.random()}), None, None))
+                attrs = rng.choice([old[8], json.dumps({"v": rng.randint(0, 2)})])
+                is_open = int(rng.random() < 0.3)
+                copy = (*old[:3], f"n{rng.randint(0, 9)}", old[4] + 1, old[5] + rng.randint(0, 1), is_open, 1, attrs,
+                        rng.choice([None, "E"]), 7)  # fmt: skip
+                spans.append(copy)
             else:
                 i = rng.getrandbits(48)
-                is_open = rng.random() < 0.2
-                attrs = json.dumps({"n": i})
+                is_open = rng.random() < 0.3
+                attrs = json.dumps({"n": i, "starttrace.phase": rng.choice(["import", "x"])})
                 span = (trace, f"{i:016x}", None, f"s{i}", 1000, 2000, int(is_open), 0, attrs, None, None)
                 spans.append(span)
-                sent.append((lane, span))
+                sent.append(span)
         res = {"starttrace.run_id": "r", "service.instance.id": lane}
         st.ingest_now(IngestBatch(processes=[ProcessBatch(source="otlp", resource=res, spans=spans)]))
     with sqlite3.connect(db) as conn:
-        rows = conn.execute("SELECT seq, lane, trace, spans, body FROM span_batches").fetchall()
-        names = dict(conn.execute("SELECT id, lane_id FROM lanes").fetchall())
-    assert any(n < len(marshal.loads(body)) for *_, n, body in rows)  # some batches repeat spans
-    assert any(n == len(marshal.loads(body)) for *_, n, body in rows[1:])
-    want = {k: [t[1:] for t in v] for k, v in _reference_lanes(rows, names).items()}
-    assert st.live_runs == ["r"]
-    live = st.load_rows("r")  # read alongside the writer
-    assert live is not None and st.live_runs == []
-    back = st.load_rows("r")  # read back from the database
-    # the run type's spans, as tuples: what the reference kept of each (its trace id aside)
-    for got in (live, back):
-        assert got is not None
-        assert {k: [span_row(s)[1:] for s in v] for k, v in got.lanes.items()} == want
-    assert sum(map(len, want.values())) == st.count_spans("r")
+        stored = conn.execute(
+            "SELECT l.lane_id, b.trace, b.spans, b.body FROM span_batches b JOIN lanes l ON l.id = b.lane"
+            " ORDER BY b.seq"
+        ).fetchall()
+    batches = [(lane, trace, unpack_spans(body)) for lane, trace, _, body in stored]
+    assert any(n < f.height for (_, _, n, _), (_, _, f) in zip(stored, batches, strict=True))  # some repeat spans
+    want = _reference(batches)
+    got = st.load_rows("r")
+    assert got is not None
+    assert got.spans.equals(want)
+    assert want.height == st.count_spans("r")
     st.close()
 
 
-def test_live_reader_taken_once_at_its_version(tmp_path: Path) -> None:
-    """A run the writer created is read as it is written; the first load at that version takes the
-    reader, and every later load (more spans written meanwhile) reads the database."""
+def test_every_column_round_trips(tmp_path: Path) -> None:
+    """What a source hands the store comes back column by column: OTLP spans (the column
+    attributes read at decode, the raw bytes kept) and journal spans (JSON text)."""
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    for key, value in (("starttrace.run_id", "r"), ("service.instance.id", "proto")):
+        rs.resource.attributes.add(key=key).value.string_value = value
+    ss = rs.scope_spans.add()
+    a = ss.spans.add(trace_id=b"\xab" * 16, span_id=b"\0" * 7 + b"\x01", name="import m", start_time_unix_nano=5,
+                     end_time_unix_nano=9)  # fmt: skip
+    a.attributes.add(key="starttrace.phase").value.string_value = "import"
+    a.attributes.add(key="starttrace.import.module").value.string_value = "m"
+    a.attributes.add(key="starttrace.import.self_us").value.int_value = 12
+    a.attributes.add(key="code.file.path").value.string_value = "/m.py"
+    b = ss.spans.add(trace_id=b"\xab" * 16, span_id=b"\0" * 7 + b"\x02", parent_span_id=b"\0" * 7 + b"\x01",
+                     name="process", start_time_unix_nano=6, end_time_unix_nano=6)  # fmt: skip
+    b.attributes.add(key="starttrace.launched_by").value.string_value = "00000000000000aa"
+    b.attributes.add(key="starttrace.in_progress").value.bool_value = True
+    b.status.code, b.status.message = 2, "boom"
+    journal = [
+        ("ab" * 16, "00000000000000j1", None, "cuda.init", 100, None, 1, 0,
+         json.dumps({"starttrace.phase": "cuda_init", "starttrace.import.self_us": 1.5}), None, 42),
+        ("ab" * 16, "00000000000000j2", "00000000000000j1", "mark", 2**70, 2**70, 0, 1, None, "Err", 2**65),
+    ]  # fmt: skip
     st = Store(tmp_path / "s.db")
-    st.ingest_now(_batch([_span(i, 5000, in_progress=i == 2) for i in range(5)]))
-    st.ingest_now(_batch([_span(2, 6000), _span(7, 5000)]))  # a copy that ends span 2, and a new span
-    assert st.live_runs == ["r"]
-    first = st.load_rows("r")
-    assert first is not None and st.live_runs == []
-    assert [(s.span_id, s.end_ns, s.in_progress) for s in first.lanes["lane"]] == [
-        (f"{i:016x}", 6000 if i == 2 else 5000, False) for i in (0, 1, 2, 3, 4, 7)
+    st.ingest_now(decode(req.SerializeToString()).batch)
+    res = {"starttrace.run_id": "r", "service.instance.id": "journal"}
+    st.ingest_now(IngestBatch(processes=[ProcessBatch(source="journal", resource=res, spans=journal)]))
+    rows = st.load_rows("r")
+    assert rows is not None
+    got = _rows(rows.spans)
+    raw_a = a.SerializeToString()
+    assert {k: v for k, v in got["0000000000000001"].items() if k != "attrs_pb"} == {
+        "lane": "proto", "span_id": "0000000000000001", "parent_id": None, "name": "import m", "start": 5, "end": 9,
+        "in_progress": False, "instant": False, "error": None, "thread": None, "phase": "import", "module": "m",
+        "self_us": 12.0, "launched_by": None, "attrs": None,
+    }  # fmt: skip
+    assert got["0000000000000001"]["attrs_pb"] == raw_a  # the span's bytes as received (its scope has no name)
+    assert decode_attrs(None, got["0000000000000001"]["attrs_pb"])["code.file.path"] == "/m.py"
+    assert {k: got["0000000000000002"][k] for k in ("parent_id", "in_progress", "instant", "error", "launched_by")} == {
+        "parent_id": "0000000000000001", "in_progress": True, "instant": False, "error": "boom",
+        "launched_by": "00000000000000aa",
+    }  # fmt: skip
+    j1, j2 = got["00000000000000j1"], got["00000000000000j2"]
+    assert (j1["lane"], j1["end"], j1["in_progress"], j1["thread"], j1["phase"], j1["self_us"], j1["module"]) == (
+        "journal",
+        None,
+        True,
+        42,
+        "cuda_init",
+        1.5,
+        None,
+    )
+    assert json.loads(j1["attrs"]) == json.loads(journal[0][8]) and j1["attrs_pb"] is None
+    # times past int64 are clamped (as the journal reader's table does), a thread id past it is left out
+    assert (j2["start"], j2["instant"], j2["error"], j2["thread"], j2["attrs"]) == (2**63 - 1, True, "Err", None, None)
+    st.close()
+
+
+def test_decoded_columns_follow_the_attribute_rule() -> None:
+    """The column attributes read at decode are what `run.column_values` reads of the decoded
+    attributes, whatever their kinds: repeated keys (the last wins), other types, empty strings."""
+    cases: list[list[tuple[str, str, Any]]] = [
+        [],
+        [("starttrace.phase", "string_value", "import"), ("starttrace.phase", "string_value", "compile")],
+        [("starttrace.phase", "string_value", ""), ("starttrace.import.module", "string_value", "")],
+        [("starttrace.phase", "int_value", 3), ("starttrace.import.module", "bool_value", True)],
+        [("starttrace.import.self_us", "double_value", 2.5), ("starttrace.launched_by", "string_value", "")],
+        [("starttrace.import.self_us", "bool_value", True), ("starttrace.launched_by", "int_value", 7)],
+        [("starttrace.import.self_us", "string_value", "9"), ("starttrace.launched_by", "string_value", "ab")],
+        [("starttrace.import.self_us", "int_value", -4), ("starttrace.phase", "string_value", "x")],
     ]
-    st.ingest_now(_batch([_span(8, 5000)]))
-    assert st.live_runs == []  # not a new run: no reader again
-    again = st.load_rows("r")
-    assert again is not None and [s.span_id for s in again.lanes["lane"]][-1] == f"{8:016x}"
-    assert again.spans[:-1] == first.spans
-    st.close()
-
-
-def test_live_readers_bounded_and_dropped_with_their_run(tmp_path: Path) -> None:
-    from starttrace.sources.lane_reader import LiveReads
-
-    st = Store(tmp_path / "s.db")
-    st._live = LiveReads(max_spans=6)  # a small bound, for the test
-
-    def run(rid: str, n: int) -> IngestBatch:
-        res = {"starttrace.run_id": rid, "service.instance.id": "lane"}
-        spans = [(f"{ord(rid):032x}", *_span(i, 5000)[1:]) for i in range(n)]
-        return IngestBatch(processes=[ProcessBatch(source="otlp", resource=res, spans=spans)])
-
-    st.ingest_now(run("a", 4))
-    st.ingest_now(run("b", 4))  # 8 spans held: the oldest reader goes
-    assert st.live_runs == ["b"]
-    st.ingest_now(run("c", 2))
-    assert st.live_runs == ["b", "c"]
-    st.delete_runs(["b"])
-    assert st.live_runs == ["c"]
-    a = st.load_rows("a")  # from the database
-    assert a is not None and len(a.lanes["lane"]) == 4
-    st.close()
+    msg = ExportTraceServiceRequest()
+    ss = msg.resource_spans.add().scope_spans.add()
+    for i, attrs in enumerate(cases):
+        sp = ss.spans.add(trace_id=b"\x01" * 16, span_id=bytes([0] * 7 + [i + 1]), name=f"s{i}")
+        for key, field, value in attrs:
+            kv = sp.attributes.add()
+            kv.key = key
+            setattr(kv.value, field, value)
+    d = decode(msg)
+    assert d.accepted == len(cases)
+    for row in d.batch.processes[0].spans:
+        assert tuple(row[11:15]) == column_values(span_attrs(row[8])), row[3]
 
 
 def test_decode_attrs_match_dict_json() -> None:
@@ -235,7 +296,7 @@ def test_decode_attrs_match_dict_json() -> None:
     d = decode(msg)
     assert (d.accepted, d.rejected) == (1, 0)
     row = d.batch.processes[0].spans[0]
-    attrs = decode_attrs(row[8])  # stored as the span's raw protobuf bytes, decoded for the model
+    attrs = decode_attrs(None, row[8])  # stored as the span's raw protobuf bytes, decoded for the rows that ask
     assert attrs.pop("nan") != attrs.get("nan")  # NaN, as json.dumps writes it
     assert attrs == {
         "s": 'a"\\\u2603\x00',
@@ -285,11 +346,11 @@ def test_decode_raw_span_edge_cases() -> None:
     kv.key, kv.value.string_value = "note", "starttrace.in_progress"
     d = decode(msg.SerializeToString())
     rows = {r[3]: r for r in d.batch.processes[0].spans}
-    assert decode_attrs(rows["own"][8]) == {"otel.scope.name": "mine"}
+    assert decode_attrs(None, rows["own"][8]) == {"otel.scope.name": "mine"}
     assert rows["own"][9] == "exception"
-    assert decode_attrs(rows["bare"][8]) == {"otel.scope.name": "lib.y"}
+    assert decode_attrs(None, rows["bare"][8]) == {"otel.scope.name": "lib.y"}
     assert rows["bare"][9] == "boom"
-    assert rows["prog"][6] == 0 and decode_attrs(rows["prog"][8])["note"] == "starttrace.in_progress"
+    assert rows["prog"][6] == 0 and decode_attrs(None, rows["prog"][8])["note"] == "starttrace.in_progress"
     # an invalid nested attribute (bad UTF-8 in a string) still fails the whole request
     body = bytearray(msg.SerializeToString())
     i = body.index(b"mine")
@@ -336,66 +397,8 @@ def test_idle_checkpoint_waits_while_a_model_is_built(tmp_path: Path) -> None:
     st.close()
 
 
-@pytest.fixture(params=["c", "python"])
-def rows_to_spans(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Rows become spans in C (`_modelcore.spans_from_rows`) and in Python."""
-    if request.param == "c":
-        if lane_reader.c_spans_from_rows is None:
-            pytest.skip("starttrace._modelcore is not built here")
-    else:
-        monkeypatch.setattr(lane_reader, "c_spans_from_rows", None)
-    return str(request.param)
-
-
-def test_rows_become_the_same_spans_in_c_and_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every field of every span, and its attributes (bytes read lazily, JSON text, none at all)."""
-    from starttrace.sources.store import run_from_rows
-
-    if lane_reader.c_spans_from_rows is None:
-        pytest.skip("starttrace._modelcore is not built here")
-    st = Store(tmp_path / "s.db")
-    text = [_span(1, 2000, attrs={"starttrace.launched_by": "00000000000000aa"}), _span(2, 2000, in_progress=True)]
-    text.append(("ab" * 16, f"{7:016x}", f"{1:016x}", "bare", 1500, None, 1, 1, None, "Err", 5))
-    req = ExportTraceServiceRequest()
-    rs = req.resource_spans.add()
-    for key, value in (("starttrace.run_id", "r"), ("service.instance.id", "proto")):
-        rs.resource.attributes.add(key=key).value.string_value = value
-    for i in range(3):
-        sp = rs.scope_spans.add().spans.add(
-            trace_id=b"\xab" * 16, span_id=bytes([0] * 7 + [9 + i]), name=f"import m{i}", start_time_unix_nano=5 + i,
-            end_time_unix_nano=9 + i,
-        )  # fmt: skip
-        sp.attributes.add(key="starttrace.phase").value.string_value = "import"
-    st.ingest_now(IngestBatch(processes=[ProcessBatch(source="otlp", resource={"starttrace.run_id": "r",
-                  "service.instance.id": "text"}, spans=text)]))  # fmt: skip
-    st.ingest_now(decode(req.SerializeToString()).batch)
-    rows = st.load_rows("r")
-    assert rows is not None
-
-    def spans() -> list[tuple[object, ...]]:
-        out = []
-        for p in run_from_rows(rows).processes:
-            for sp in p.spans:
-                fields = [getattr(sp, f) for f in type(sp).__slots__ if f != "attrs"]
-                out.append(
-                    (type(sp), type(sp.attrs), fields, dict(sp.attrs), [(lk.span_id, lk.attrs) for lk in sp.links])
-                )
-        return out
-
-    in_c = spans()
-    with monkeypatch.context() as m:
-        m.setattr(lane_reader, "c_spans_from_rows", None)
-        assert spans() == in_c
-    assert len(in_c) == 6 and {t[1].__name__ for t in in_c} == {"LazyAttrs", "dict"}
-    st.close()
-
-
-def test_launched_by_links_found_per_lane(tmp_path: Path, rows_to_spans: str) -> None:
-    """`starttrace.launched_by` becomes a link wherever it is, whether the attributes are JSON text
-    or OTLP bytes; the store searches each stored batch once, and only the spans of batches that
-    hold the key are looked at."""
-    from starttrace.sources.store import run_from_rows
-
+def test_launched_by_is_a_column_from_text_or_bytes(tmp_path: Path) -> None:
+    """`starttrace.launched_by` is a column whether the attributes are JSON text or OTLP bytes."""
     st = Store(tmp_path / "s.db")
 
     def lane(name: str, spans: list[SpanTuple]) -> ProcessBatch:
@@ -413,23 +416,20 @@ def test_launched_by_links_found_per_lane(tmp_path: Path, rows_to_spans: str) ->
     sp.attributes.add(key="starttrace.launched_by").value.string_value = "00000000000000bb"
     st.ingest_now(IngestBatch(processes=[lane("child", child), lane("other", [_span(3, 2000)])]))
     st.ingest_now(decode(req.SerializeToString()).batch)
-    rows = st.load_rows("r")
-    assert rows is not None
-    links = {s.span_id: [lk.span_id for lk in s.links] for p in run_from_rows(rows).processes for s in p.spans}
-    assert links == {
-        f"{1:016x}": ["00000000000000aa"],
-        f"{2:016x}": [],
-        f"{3:016x}": [],
-        "0000000000000009": ["00000000000000bb"],
+    run = st.load_run("r")
+    assert run is not None
+    assert dict(run.spans.select("span_id", "launched_by").iter_rows()) == {
+        f"{1:016x}": "00000000000000aa",
+        f"{2:016x}": None,
+        f"{3:016x}": None,
+        "0000000000000009": "00000000000000bb",
     }
     st.close()
 
 
-def test_launched_by_in_a_copy_from_another_lane(tmp_path: Path, rows_to_spans: str) -> None:
+def test_launched_by_in_a_copy_from_another_lane(tmp_path: Path) -> None:
     """A span first stored in progress in one lane, then ended in another lane's batch with a
-    `starttrace.launched_by`: the merged span keeps its first place and gets the link."""
-    from starttrace.sources.store import run_from_rows
-
+    `starttrace.launched_by`: the merged span keeps its first place and lane, and gets the column."""
     st = Store(tmp_path / "s.db")
 
     def lane(name: str, spans: list[SpanTuple]) -> IngestBatch:
@@ -438,11 +438,10 @@ def test_launched_by_in_a_copy_from_another_lane(tmp_path: Path, rows_to_spans: 
 
     st.ingest_now(lane("first", [_span(1, 2000, in_progress=True)]))
     st.ingest_now(lane("later", [_span(1, 3000, attrs={"starttrace.launched_by": "00000000000000aa"})]))
-    rows = st.load_rows("r")
-    assert rows is not None
-    spans = {p.instance_id: p.spans for p in run_from_rows(rows).processes}
-    assert [(s.span_id, s.end_ns, [lk.span_id for lk in s.links]) for s in spans["first"]] == [
-        (f"{1:016x}", 3000, ["00000000000000aa"])
+    run = st.load_run("r")
+    assert run is not None
+    assert run.spans.select("lane", "span_id", "end", "in_progress", "launched_by").rows() == [
+        ("first", f"{1:016x}", 3000, False, "00000000000000aa")
     ]
     st.close()
 
@@ -466,6 +465,53 @@ def test_run_roots_are_startup_spans_whose_parent_is_not_in_the_run(tmp_path: Pa
     run = st.load_run("r")
     assert run is not None
     assert sorted(s.span_id for s in run.root_spans) == ["a" * 16, "b" * 16]
-    by_lane = {p.instance_id: [s.span_id for s in p.spans] for p in run.processes}
+    by_lane = {p.instance_id: run.spans_of(p)["span_id"].to_list() for p in run.processes}
     assert by_lane["c"] == ["c" * 16, "c1" * 8] and by_lane["a"] == ["a1" * 8] and by_lane["b"] == ["b1" * 8]
+    st.close()
+
+
+def test_run_table_lane_by_lane_by_start(tmp_path: Path) -> None:
+    """The run's table: lanes in the processes' order (by creation: the `process` span's start,
+    else the first span's), each lane's rows by start, then arrival; a lane without a process row
+    is a process of its own."""
+    st = Store(tmp_path / "s.db")
+
+    def span(sid: str, name: str, start: int) -> SpanTuple:
+        return ("ab" * 16, sid, None, name, start, start + 10, 0, 0, None, None, None)
+
+    lanes = {
+        "late": [span("l2" * 8, "b", 900), span("l1" * 8, "process", 500), span("l3" * 8, "a", 900)],
+        "early": [span("e1" * 8, "x", 300), span("e2" * 8, "y", 100)],
+    }
+    for lane, spans in lanes.items():
+        res = {"starttrace.run_id": "r", "service.instance.id": lane, "process.pid": 7}
+        st.ingest_now(IngestBatch(processes=[ProcessBatch(source="otlp", resource=res, spans=spans)]))
+    run = st.load_run("r")
+    assert run is not None
+    assert [(p.instance_id, p.created_ns, p.process_span_id, p.pid) for p in run.processes] == [
+        ("early", 100, "", 7),
+        ("late", 500, "l1" * 8, 7),
+    ]
+    assert run.spans.select("lane", "span_id").rows() == [
+        ("early", "e2" * 8), ("early", "e1" * 8), ("late", "l1" * 8), ("late", "l2" * 8), ("late", "l3" * 8)
+    ]  # fmt: skip
+    st.close()
+
+
+def test_implausible_spans_left_out_and_named(tmp_path: Path) -> None:
+    """A span at 1970 (start_time_unix_nano=0) is dropped from the run and named in its problems."""
+    st = Store(tmp_path / "s.db")
+    t = 1_700_000_000 * 10**9
+
+    def span(sid: str, start: int, end: int | None) -> SpanTuple:
+        return ("ab" * 16, sid, None, "work", start, end, int(end is None), 0, None, None, None)
+
+    spans = [span("a" * 16, t, t + 5), span("b" * 16, 0, 10), span("c" * 16, t, t + 10**18), span("d" * 16, t, None)]
+    res = {"starttrace.run_id": "r", "service.instance.id": "x", "starttrace.role": "worker"}
+    st.ingest_now(IngestBatch(processes=[ProcessBatch(source="otlp", resource=res, spans=spans)]))
+    run = st.load_run("r")
+    assert run is not None
+    assert run.spans["span_id"].to_list() == ["a" * 16, "d" * 16]
+    assert len(run.problems) == 1 and run.problems[0].startswith("worker pid 0: 2 spans with implausible times")
+    assert "1970-01-01T00:00:00Z" in run.problems[0]
     st.close()

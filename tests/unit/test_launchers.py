@@ -148,7 +148,7 @@ def test_nodes_started_apart_share_one_run_folder_and_trace(
     roots = [p for p in run.processes if p.resource["starttrace.start_method"] == "root"]
     assert {p.resource["starttrace.job.kind"] for p in roots} == {"explicit"}
     for root in roots:
-        own = root.process_span
+        own = run.process_span(root)
         assert own is not None and own.parent_id in {s.span_id for s in run.root_spans}
         assert run.root_owner(next(s for s in run.root_spans if s.span_id == own.parent_id)) is root
     children = [p for p in run.processes if p not in roots]

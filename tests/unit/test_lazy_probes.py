@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_spans import named, spans_of
 
 from starttrace import recorder
 from starttrace.probes import LAZY_PROBES
-from starttrace.sources.journal_reader import read_run
+from starttrace.sources.journal_reader import Process, Run, read_run
 
 
 @pytest.mark.parametrize("probe", sorted(LAZY_PROBES))
@@ -33,7 +34,7 @@ def test_lazy_triggers_are_the_modules_the_probe_hooks(probe: str, monkeypatch: 
     assert sorted(set(hooked)) == sorted(LAZY_PROBES[probe])
 
 
-def _traced(tmp_path: Path, program: str, *argv: str) -> tuple[dict[str, Any], Any]:
+def _traced(tmp_path: Path, program: str, *argv: str) -> tuple[dict[str, Any], Run, Process]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STARTTRACE") and k.lower() != "traceparent"}
     env.update(STARTTRACE="1", STARTTRACE_DIR=str(tmp_path / "runs"))
     proc = subprocess.run([sys.executable, "-c", program, *argv], env=env, capture_output=True, text=True, timeout=120)
@@ -41,7 +42,7 @@ def _traced(tmp_path: Path, program: str, *argv: str) -> tuple[dict[str, Any], A
     (run_dir,) = (tmp_path / "runs").iterdir()
     run = read_run(run_dir)
     (process,) = run.processes
-    return json.loads(proc.stdout.strip().splitlines()[-1]), process
+    return json.loads(proc.stdout.strip().splitlines()[-1]), run, process
 
 
 PROBED = """
@@ -53,43 +54,44 @@ print(json.dumps({{"loaded": sorted(m for m in sys.modules if m.startswith("star
 
 
 def test_a_plain_program_loads_no_library_probe(tmp_path: Path) -> None:
-    out, process = _traced(tmp_path, PROBED.format(imports="import json", check="None"))
+    out, _run, process = _traced(tmp_path, PROBED.format(imports="import json", check="None"))
     assert out["loaded"] == ["starttrace.probes.imports", "starttrace.probes.multiprocessing"]
     assert process.resource["starttrace.probes.installed"] == ["imports", "multiprocessing"]
 
 
 def test_uvicorn_probe_loads_on_first_import_and_patches(tmp_path: Path) -> None:
     check = 'getattr(sys.modules["uvicorn.server"].Server.main_loop, "__starttrace__", False)'
-    out, process = _traced(tmp_path, PROBED.format(imports="import uvicorn.server", check=check))
+    out, run, process = _traced(tmp_path, PROBED.format(imports="import uvicorn.server", check=check))
     assert "starttrace.probes.servers" in out["loaded"] and out["patched"] is True
     assert process.resource["starttrace.probes.installed"] == ["imports", "multiprocessing", "servers"]
-    names = {s.name for s in process.spans}
+    spans = spans_of(run, process)
+    names = {s.name for s in spans}
     assert "import uvicorn.server" in names
     assert not any(name.startswith("import starttrace") for name in names)  # starttrace's own load: not a span
     # the probe loaded and patched inside the span (as the import statement waited for it), and
     # that time is not the module's own: self time leaves it out
     # (`import uvicorn.server` makes two spans: the statement's, and inside its parent `uvicorn`, whose
     # __init__ imports uvicorn.server, the one that loads it: the probe runs at the end of that one)
-    loads = [s for s in process.spans if s.name == "import uvicorn.server"]
+    loads = named(run, process, "import uvicorn.server")
     (span,) = [s for s in loads if "starttrace.import.probe_ns" in s.attrs]
     probe_ns = span.attrs["starttrace.import.probe_ns"]
     assert isinstance(probe_ns, int) and 0 < probe_ns < span.end_ns - span.start_ns
-    children = sum(c.end_ns - c.start_ns for c in process.spans if c.parent_id == span.span_id and c.end_ns)
+    children = sum(c.end_ns - c.start_ns for c in spans if c.parent_id == span.span_id and c.end_ns)
     assert span.attrs["starttrace.import.self_us"] == max(0, span.end_ns - span.start_ns - children - probe_ns) // 1000
 
 
 def test_torch_probe_loads_with_torch_and_patches_distributed(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     check = 'getattr(sys.modules["torch.distributed"].init_process_group, "__starttrace__", False)'
-    out, process = _traced(tmp_path, PROBED.format(imports="import torch, torch.distributed", check=check))
+    out, run, process = _traced(tmp_path, PROBED.format(imports="import torch, torch.distributed", check=check))
     assert "starttrace.probes.torch" in out["loaded"] and "starttrace.probes.vllm" not in out["loaded"]
     assert out["patched"] is True
     assert "torch" in process.resource["starttrace.probes.installed"]
-    assert not any(s.name.startswith("import starttrace") for s in process.spans)
+    assert not any(s.name.startswith("import starttrace") for s in spans_of(run, process))
 
 
 def test_vllm_probe_loads_at_activation_when_argv_names_vllm(tmp_path: Path) -> None:
     """The vLLM probe reads the role from the command line, so it cannot wait for an import."""
-    out, process = _traced(tmp_path, PROBED.format(imports="", check="None"), "serve", "--model", "x", "vllm")
+    out, _run, process = _traced(tmp_path, PROBED.format(imports="", check="None"), "serve", "--model", "x", "vllm")
     assert "starttrace.probes.vllm" in out["loaded"]
     assert "vllm" in process.resource["starttrace.probes.installed"]

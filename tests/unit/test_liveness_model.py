@@ -4,40 +4,32 @@
 
 from __future__ import annotations
 
-import pytest
+import polars as pl
 
-from starttrace.analysis import lanes
 from starttrace.analysis.lanes import build_model
 from starttrace.analysis.liveness import run_status
-from starttrace.run import Process, Run, Span
+from starttrace.run import Process, Run, Span, spans_table
 
 S = 10**9
 T0 = 1_796_269_000 * S
 
 
-@pytest.fixture(autouse=True, params=["c", "python"])
-def per_span_loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each rule with the model's per-span loops in C (where built) and in Python."""
-    if request.param == "python":
-        for name in ("c_span_nodes", "c_link_tree", "c_set_durations", "c_last_time"):
-            monkeypatch.setattr(lanes, name, None, raising=False)
-    return str(request.param)
-
-
-def _proc(pid: int, *, alive: bool | None, exited: bool = False, warnings: list[str] | None = None) -> Process:
+def _proc(
+    pid: int, *, alive: bool | None, exited: bool = False, warnings: list[str] | None = None
+) -> tuple[Process, list[Span]]:
+    """A worker with an open import (`import slow<pid>`), a done one and its process span."""
     own = Span(f"p{pid}", "root", "process", T0, T0 + 5 * S if exited else None, {"starttrace.phase": "process"})
     work = Span(f"w{pid}", own.span_id, f"import slow{pid}", T0 + S, None, {"starttrace.phase": "import"})
     done = Span(f"d{pid}", own.span_id, "import fast", T0, T0 + 2 * S, {"starttrace.phase": "import"})
     res = {"starttrace.role": "worker", "process.pid": pid, "starttrace.start_method": "spawn"}
-    return Process(
-        f"i{pid}", pid, 1, None, res, own.span_id, [done, own, work], exited=exited, alive=alive,
-        warnings=warnings or [],
-    )  # fmt: skip
+    process = Process(f"i{pid}", pid, 1, None, res, own.span_id, exited=exited, alive=alive, warnings=warnings or [])
+    return process, [done, own, work]
 
 
-def _run(*procs: Process) -> Run:
+def _run(*procs: tuple[Process, list[Span]]) -> Run:
     startup = Span("root", None, "startup", T0, None, {"starttrace.phase": "startup"})
-    return Run("r", "t" * 32, "root", {}, list(procs), [], [startup])
+    rows = [(p.instance_id, s) for p, spans in procs for s in spans]
+    return Run("r", "t" * 32, "root", {}, [p for p, _ in procs], [], [startup], spans_table(rows))
 
 
 def test_dead_processes_end_killed_at_their_last_record_and_are_not_stalled() -> None:
@@ -45,7 +37,8 @@ def test_dead_processes_end_killed_at_their_last_record_and_are_not_stalled() ->
     model = build_model(run, now_ns=T0 + 3600 * S, stall_s=1)
     assert model.status == "killed" == run_status(run)
     assert not [f for f in model.findings if f["kind"] == "stalled"]
-    slow = [n for n in model.spans if n.name.startswith("import slow")]
+    slow = model.nodes(model.spans.filter(pl.col("name").str.starts_with("import slow")))
+    assert len(slow) == 2
     assert all(n.end == T0 + 2 * S and not n.in_progress and n.error.startswith("killed") for n in slow)
     assert model.t_end - model.t0 == 2 * S  # not an hour: the last record, not now
 

@@ -20,8 +20,11 @@ def _attrs(p: Any, **attrs: Any) -> None:
     p.spans[-1].attrs.update(attrs)
 
 
-def _server(cache: str, scale: float = 1.0, gbps: float = 0.2, fs: str = "nfs4", sizes: int = 4) -> RunModel:
-    """An API server and two workers that load weights, compile, profile memory and capture graphs."""
+def _server(
+    cache: str, scale: float = 1.0, gbps: float = 0.2, fs: str = "nfs4", sizes: int = 4, page_cache: float = 0.0
+) -> RunModel:
+    """An API server and two workers that load weights (`page_cache`: the share of their pages in the
+    page cache at open), compile, profile memory and capture graphs."""
     b = Builder(["/venv/bin/vllm", "serve", "m"])
     api = b.proc(100, 1, "api_server", "root", None, 0, 60_000)
     init = b.span(api, "vllm.async_llm.init", 10, 50_000, phase="engine_init")
@@ -39,7 +42,7 @@ def _server(cache: str, scale: float = 1.0, gbps: float = 0.2, fs: str = "nfs4",
                     "starttrace.weights.file": f"/models/m/model-0000{k + 1}.safetensors",
                     "starttrace.weights.file_bytes": size,
                     "starttrace.weights.fs_type": fs,
-                    "starttrace.weights.page_cache_fraction": 0.0,
+                    "starttrace.weights.page_cache_fraction": page_cache,
                 },
             )
             t += dur
@@ -118,11 +121,7 @@ def test_slow_weights_name_the_filesystem_and_the_rates() -> None:
 
 
 def test_weights_already_in_the_page_cache_point_at_the_loader() -> None:
-    m = _server("warm", gbps=0.5, fs="ext4")
-    for n in m.spans:
-        if n.name == "weights.load":
-            n.attrs["starttrace.weights.page_cache_fraction"] = 1.0
-    m.span_frame = None
+    m = _server("warm", gbps=0.5, fs="ext4", page_cache=1.0)
     from starttrace.analysis.findings.weights import slow_weights_findings
 
     (f,) = slow_weights_findings(m)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from run_spans import named, spans_of
 
 from starttrace.sources.journal_files import journal_files
 from starttrace.sources.journal_reader import read_run
@@ -46,7 +47,7 @@ def test_vllm_switch_alone(
     proc = _python(venv_python, ["-c", "import json"], clean_env(VLLM_STARTTRACE="1", STARTTRACE_DIR=str(journal_root)))
     assert proc.returncode == 0, proc.stderr
     run = read_run(only_run_dir(journal_root))
-    assert any(s.name == "import json" for s in run.processes[0].spans)
+    assert named(run, run.processes[0], "import json")
 
 
 @pytest.mark.parametrize("value", [None, "0", "false", "OFF", "no", ""])
@@ -210,7 +211,7 @@ def test_min_import_us_keeps_only_long_imports_with_their_chain(
     run = read_run(only_run_dir(root))
     assert run.problems == []
     (process,) = run.processes
-    imports = {s.name: s for s in process.spans if s.attrs.get("starttrace.phase") == "import"}
+    imports = {s.name: s for s in spans_of(run, process) if s.attrs.get("starttrace.phase") == "import"}
     assert {"import outer_mod", "import middle_mod", "import slow_mod"} <= set(imports)
     assert len(imports) <= 4, f"only the >1 s imports (and maybe one stray) may remain: {sorted(imports)}"
     for dropped in ("import quick_mod", "import json", "import decimal", "import email.parser", "import fractions"):

@@ -14,7 +14,7 @@ from rich.console import Console
 from starttrace.analysis.compare import compare
 from starttrace.analysis.lanes import build_model
 from starttrace.analysis.model import RunModel
-from starttrace.run import Run
+from starttrace.run import Run, span_of, spans_table
 from starttrace.views.terminal import abbreviate, render_advise, render_compare, render_report
 
 PREFIX = "vllm.model_executor.layers.quantization.compressed_tensors.schemes."
@@ -38,14 +38,17 @@ HEADERS = {
 def long_names(run: Run) -> tuple[Run, set[str]]:
     """The run with every imported module renamed to a long dotted name."""
     names = set()
-    for process in run.processes:
-        for span in process.spans:
-            mod = span.attrs.get("starttrace.import.module")
-            if isinstance(mod, str):
-                long = PREFIX + mod.replace("<", "").replace(">", "").replace(" ", "_").replace("=", "_")
-                span.attrs["starttrace.import.module"] = long
-                span.name = f"import {long}"
-                names.add(long)
+    rows = []
+    for row in run.spans.iter_rows(named=True):
+        span = span_of(row)
+        mod = span.attrs.get("starttrace.import.module")
+        if isinstance(mod, str):
+            long = PREFIX + mod.replace("<", "").replace(">", "").replace(" ", "_").replace("=", "_")
+            span.attrs["starttrace.import.module"] = long
+            span.name = f"import {long}"
+            names.add(long)
+        rows.append((row["lane"], span))
+    run.spans = spans_table(rows)
     return run, names
 
 

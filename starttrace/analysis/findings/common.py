@@ -156,39 +156,46 @@ def import_tree(model: RunModel) -> ImportTree:
     return tree
 
 
+def forest(model: RunModel) -> pl.DataFrame:
+    """Every import with the top import of its tree (`top`), and whether that top counts as a root
+    (`rooted`: completed; a top import is one no other import of its lane encloses) with its
+    `top_start`. Built once per model."""
+    got = getattr(model, "_forest", None)
+    if got is None:
+        tree = import_tree(model)
+        top = tree.top
+        safe = np.maximum(top, 0)
+        done = ~model.spans["in_progress"].to_numpy()
+        starts = model.spans["start"].to_numpy()
+        got = (
+            model.core.select("idx", "lane", "phase", "module", "start", "duration", "in_progress", "error")
+            .with_columns(
+                pl.Series("top", top),
+                pl.Series("rooted", (top >= 0) & done[safe]),
+                pl.Series("top_start", starts[safe]),
+            )
+            .filter(pl.col("phase") == "import")
+        )
+        model._forest = got  # type: ignore[attr-defined]
+    return got  # type: ignore[no-any-return]
+
+
+def tree_rows(model: RunModel, lanes: list[Lane], until: dict[int, int | None] | None = None) -> pl.DataFrame:
+    """The imports in the trees of the top imports of `lanes` (completed; started before the lane's
+    `until` where given), the tops themselves included, with `top`."""
+    until = until or {}
+    limits = {ln.index: u for ln in lanes if (u := until.get(ln.index)) is not None}
+    rows = forest(model).filter(pl.col("lane").is_in([ln.index for ln in lanes]) & pl.col("rooted"))
+    if limits:
+        limit = pl.col("lane").replace_strict(limits, default=None, return_dtype=pl.Int64)
+        rows = rows.filter(limit.is_null() | (pl.col("top_start") < limit))
+    return rows.drop("rooted", "top_start")
+
+
 def top_imports(model: RunModel, lanes: list[Lane], until: dict[int, int | None] | None = None) -> pl.DataFrame:
     """The imports of `lanes` that no other import encloses (completed; started before the lane's
     `until` where given): rows."""
-    tree = import_tree(model)
-    until = until or {}
-    limits = {ln.index: u for ln in lanes if (u := until.get(ln.index)) is not None}
-    rows = (
-        model.core.select("idx", "lane", "phase", "module", "start", "in_progress")
-        .with_columns(pl.Series("_top", tree.up_import < 0))
-        .filter(
-            pl.col("lane").is_in([ln.index for ln in lanes])
-            & pl.col("_top")
-            & (pl.col("phase") == "import")
-            & ~pl.col("in_progress")
-        )
-    )
-    if limits:
-        limit = pl.col("lane").replace_strict(limits, default=None, return_dtype=pl.Int64)
-        rows = rows.filter(limit.is_null() | (pl.col("start") < limit))
-    return rows.drop("_top")
-
-
-def tree_rows(model: RunModel, tops: pl.DataFrame) -> pl.DataFrame:
-    """The imports in the trees of the top imports `tops` (themselves included), with `top`."""
-    tree = import_tree(model)
-    is_top = np.zeros(model.spans.height + 1, dtype=bool)
-    is_top[tops["idx"].to_numpy()] = True
-    in_tree = pl.Series(is_top[tree.top])  # tree.top is -1 outside any import: the spare last slot
-    return (
-        model.core.select("idx", "lane", "phase", "module", "start", "duration", "in_progress", "error")
-        .with_columns(pl.Series("top", tree.top))
-        .filter(in_tree & (pl.col("phase") == "import"))
-    )
+    return tree_rows(model, lanes, until).filter(pl.col("top") == pl.col("idx"))
 
 
 def outermost_map(model: RunModel, rows: pl.DataFrame, mark: pl.Series) -> np.ndarray:
@@ -255,13 +262,11 @@ def _modules_from_file(model: RunModel, path: str) -> set[str]:
     base = posixpath.basename(want)
     out = set()
     # the rows whose attributes hold the file's name at all, then decoded
-    rows = model.spans.filter(
-        (pl.col("phase") == "import")
-        & (
-            pl.col("attrs").str.contains(base, literal=True).fill_null(False)
-            | pl.col("attrs_pb").bin.contains(base.encode()).fill_null(False)
-        )
-    )
+    holds = model.side.select(
+        pl.col("attrs").str.contains(base, literal=True).fill_null(False)
+        | pl.col("attrs_pb").bin.contains(base.encode()).fill_null(False)
+    ).to_series()
+    rows = model.core.select("idx", "phase").filter((pl.col("phase") == "import") & holds.gather(model.spans["src"]))
     for n in model.nodes(rows):
         file = n.attrs.get("code.file.path")
         if isinstance(file, str) and posixpath.basename(file) == base:
@@ -275,7 +280,8 @@ def _modules_from_file(model: RunModel, path: str) -> set[str]:
 def cuda_chains(model: RunModel) -> dict[str, tuple[Lane, list[str]]]:
     """Modules whose import ran `cuda.init`, with a lane where it happened and the chain."""
     out: dict[str, tuple[Lane, list[str]]] = {}
-    for n in model.select(("cuda_init",), ("cuda.init",)):
+    # the earliest first (the chain named for a module is that of its first cuda.init)
+    for n in sorted(model.select(("cuda_init",), ("cuda.init",)), key=lambda n: (n.start, n.lane)):
         chain = [n.name]
         p = n.parent_node
         lane = model.lanes[n.lane]

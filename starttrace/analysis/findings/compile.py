@@ -15,7 +15,7 @@ import polars as pl
 
 from starttrace.analysis.findings.common import by_pid, finding, s, short_name
 from starttrace.analysis.model import RunModel
-from starttrace.analysis.phases import union_ns
+from starttrace.analysis.phases import union_by
 from starttrace.analysis.table import span_table, spans_named
 
 GRAPH = "compile.graph"
@@ -49,10 +49,7 @@ def compile_facts(model: RunModel) -> pl.DataFrame:
         .select("lane", "start", "end")
         .unique()
     )
-    saving = {
-        lane: union_ns(zip(part["start"].to_list(), part["end"].to_list(), strict=True))
-        for (lane,), part in backend.partition_by("lane", as_dict=True).items()
-    }
+    saving = dict(union_by(backend, ["lane"]).iter_rows())
     return (
         graphs.group_by("lane")
         .agg(

@@ -13,7 +13,7 @@ import polars as pl
 
 from starttrace.analysis.findings.common import by_pid, finding, s, short_name
 from starttrace.analysis.model import RunModel
-from starttrace.analysis.phases import union_ns
+from starttrace.analysis.phases import union_by
 from starttrace.analysis.table import span_table, spans_named
 
 CAPTURE = "cuda_graphs.capture"
@@ -28,13 +28,8 @@ def graph_capture_findings(model: RunModel) -> list[dict[str, Any]]:
         {"starttrace.cuda_graphs.batch_size": pl.Int64(), "starttrace.cuda_graphs.memory_bytes": pl.Int64()},
     )
     whole = span_table(model).filter(pl.col("name").is_in(list(WHOLE)))
-    per_lane: dict[int, float] = {}
-    for (lane_index,), part in (
-        pl.concat([sizes.select("lane", "start", "end"), whole.select("lane", "start", "end")])
-        .partition_by("lane", as_dict=True)
-        .items()
-    ):
-        per_lane[lane_index] = union_ns(zip(part["start"].to_list(), part["end"].to_list(), strict=True)) / 1e9
+    both = pl.concat([sizes.select("lane", "start", "end"), whole.select("lane", "start", "end")])
+    per_lane = {lane_index: ns / 1e9 for lane_index, ns in union_by(both, ["lane"]).iter_rows()}
     if not per_lane:
         return []
     worst_lane, seconds = max(per_lane.items(), key=lambda item: item[1])

@@ -39,7 +39,6 @@ from starttrace.analysis.findings.common import (
     s,
     short_name,
     signed_s,
-    top_imports,
     tree_rows,
 )
 from starttrace.analysis.model import Lane, RunModel
@@ -104,7 +103,7 @@ def preload_findings(model: RunModel) -> list[dict[str, Any]]:
 
 def _group_trees(model: RunModel, lanes: list[Lane], until: dict[int, int | None]) -> pl.DataFrame:
     """The imports in the trees of each lane's top imports that started before its `until`."""
-    return tree_rows(model, top_imports(model, lanes, until))
+    return tree_rows(model, lanes, until)
 
 
 def covering(model: RunModel, group: Group, tainted: dict[str, tuple[Lane, list[str]]], excluded: set[str]) -> Covering:

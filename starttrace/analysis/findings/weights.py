@@ -15,7 +15,7 @@ import polars as pl
 
 from starttrace.analysis.findings.common import by_pid, finding, s, short_name
 from starttrace.analysis.model import RunModel
-from starttrace.analysis.phases import union_ns
+from starttrace.analysis.phases import union_by
 from starttrace.analysis.table import spans_named
 
 LOAD = "weights.load"
@@ -43,8 +43,9 @@ def weight_facts(model: RunModel) -> list[dict[str, Any]]:
         pl.coalesce("starttrace.weights.file_bytes", "starttrace.weights.bytes_read").fill_null(0).alias("bytes"),
     )
     out = []
+    spans_ns = dict(union_by(loads.select("lane", "start", "end"), ["lane"]).iter_rows())
     for (lane_index,), part in loads.partition_by("lane", as_dict=True).items():
-        seconds = union_ns(zip(part["start"].to_list(), part["end"].to_list(), strict=True)) / 1e9
+        seconds = spans_ns[lane_index] / 1e9
         total = int(part["bytes"].sum())
         cached = part.filter(pl.col("starttrace.weights.page_cache_fraction").is_not_null())
         cached_share = (
