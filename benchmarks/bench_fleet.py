@@ -10,7 +10,9 @@ For each N:
   regression to find) turned into the exporter's rows (tests/otel_clickhouse.py) and inserted;
   plus one large run (`--big-imports` imports per rank: a real TP=2 start's size);
 - `derive_s`, `derive_ms_per_run`: every run's fleet facts derived once through the real path
-  (load from otel_traces in batches, build the model, write starttrace_runs);
+  (load from otel_traces in batches, build the model, write starttrace_runs); above
+  `--derive-limit` runs (2000), only the 40 templates and the large run are derived that way and
+  the clones' facts are copied from their template's, changed as their spans were (`facts_copied`);
 - `fleet_cold_s`: the first `GET /fleet?by=service.version` of a fresh service process (targets:
   <= 2 s cold); `fleet_warm_s`: the median of the next 10 (<= 0.2 s);
 - `open_run_s`: the large run's first `GET /startup/{run}` (load from ClickHouse, model, first
@@ -127,7 +129,48 @@ def start_service(data: Path, port: int) -> subprocess.Popen[bytes]:
     raise SystemExit("the service did not start: " + (proc.stderr.read().decode() if proc.stderr else ""))
 
 
-def measure(n: int, big_imports: int, workdir: Path) -> dict[str, Any]:
+def copy_facts(facts: Any, n: int) -> int:
+    """Facts of runs TEMPLATES..n-1 from their template's derived facts, changed as `clone` changes
+    the spans: run id, trace id, start, version, host; the newest version's model_load 2 s longer.
+    (Deriving 10,000 runs one by one takes longer than this benchmark should: see derive_ms_per_run.)"""
+    rows = {r["RunId"]: r for r in facts.client.arrow(f"SELECT * FROM {facts.facts} FINAL").to_pylist()}
+    out = []
+    for i in range(TEMPLATES, n):
+        k = i % TEMPLATES
+        src = rows[f"fleet-{k:06d}"]
+        version = VERSIONS[min(len(VERSIONS) - 1, i * len(VERSIONS) // n)]
+        extra = 2.0 if version == VERSIONS[-1] else 0.0
+        phases = {p: v + (extra if p == "model_load" else 0.0) for p, v in dict(src["Phases"]).items()}
+        roles = {p: v + (extra if p.endswith("/model_load") else 0.0) for p, v in dict(src["RolePhases"]).items()}
+        identity = dict(src["Identity"], **{"service.version": version, "host.name": f"node{i % 16:02d}"})
+        identity["hosts"] = identity["host.name"]
+        out.append(
+            {
+                "run_id": f"fleet-{i:06d}",
+                "trace_id": f"{i + 1:032x}",
+                "service": src["ServiceName"],
+                "start_ns": T0 + i * 60 * 10**9,
+                "status": src["Status"],
+                "time_to_ready_s": src["TimeToReadyS"],
+                "startup_s": src["StartupS"],
+                "phases": phases,
+                "role_phases": roles,
+                "findings": dict(src["Findings"]),
+                "identity": identity,
+                "processes": src["Processes"],
+                "spans": src["Spans"],
+                "version": src["SpanRows"],
+                "facts_version": src["FactsVersion"],
+            }
+        )
+        if len(out) == 5000:
+            facts.write(out)
+            out = []
+    facts.write(out)
+    return n - TEMPLATES
+
+
+def measure(n: int, big_imports: int, workdir: Path, derive_limit: int) -> dict[str, Any]:
     data = workdir / f"chdb-{n}"
     shutil.rmtree(data, ignore_errors=True)
     client = connect(f"chdb:{data}")
@@ -141,12 +184,19 @@ def measure(n: int, big_imports: int, workdir: Path) -> dict[str, Any]:
     big_run = runs.load_run(big)
     load_run_s = time.perf_counter() - t
     assert big_run is not None
-    from starttrace.service.fleet import Prefetching, derive_all, direct_loader
+    from starttrace.service.fleet import Prefetching, derive, derive_all, direct_loader
 
     facts = ClickHouseFacts(client)
     pre = Prefetching(runs.load_runs)
     t = time.perf_counter()
-    derived = derive_all(facts, direct_loader(pre.load_run, pre))
+    if n <= derive_limit:
+        derived = derive_all(facts, direct_loader(pre.load_run, pre))
+        copied = 0
+    else:  # the templates (and the large run) through the real path; the clones' facts copied from them
+        ids = [f"fleet-{i:06d}" for i in range(min(n, TEMPLATES))] + [big]
+        derive(ids, direct_loader(pre.load_run, pre), facts)
+        derived = len(ids)
+        copied = copy_facts(facts, n)
     derive_s = time.perf_counter() - t
     close_all()  # one engine per process: the service opens the directory next
     port = free_port()
@@ -177,6 +227,7 @@ def measure(n: int, big_imports: int, workdir: Path) -> dict[str, Any]:
         "big_run_spans": big_run.span_count(),
         "insert_s": round(insert_s, 2),
         "derived": derived,
+        "facts_copied": copied,
         "derive_s": round(derive_s, 2),
         "derive_ms_per_run": round(derive_s / max(1, derived) * 1000, 2),
         "fleet_cold_s": round(cold, 3),
@@ -193,11 +244,18 @@ def main() -> None:
     parser.add_argument("--runs", type=int, action="append", help="runs in otel_traces (repeatable; default 2000)")
     parser.add_argument("--big-imports", type=int, default=12000, help="imports per rank of the one large run")
     parser.add_argument("--json", type=Path, help="write the results here too")
+    parser.add_argument(
+        "--derive-limit",
+        type=int,
+        default=2000,
+        help="up to this many runs every run's facts are derived through the real path; above, the templates'"
+        " facts are derived and copied to their clones",
+    )
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         for n in args.runs or [2000]:
-            res = measure(n, args.big_imports, Path(tmp))
+            res = measure(n, args.big_imports, Path(tmp), args.derive_limit)
             print(json.dumps(res), flush=True)
             results.append(res)
     if args.json:

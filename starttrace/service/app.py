@@ -43,6 +43,7 @@ from starttrace.service.otlp_receiver import (
     IngestBudget,
     handle_traces,
 )
+from starttrace.sources.clickhouse_client import ClickHouseError
 from starttrace.sources.facts_store import FactsStore
 from starttrace.sources.journal_watcher import JournalWatcher
 from starttrace.sources.store import Store
@@ -577,7 +578,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             since_ns, until_ns = _parse_time(since), _parse_time(until)
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
-        answer = facts.fleet(by, since_ns=since_ns, until_ns=until_ns, service=service)
+        try:
+            answer = facts.fleet(by, since_ns=since_ns, until_ns=until_ns, service=service)
+        except ClickHouseError as exc:  # the server is down, or refused the query
+            return JSONResponse({"error": f"ClickHouse: {exc}"[:2000]}, status_code=503)
         if wants_html(request):
             source = "ClickHouse " + store.client.url.redacted() if settings.clickhouse else "embedded store"
             return render("fleet.html", fleet=answer, since=since, until=until, service=service, source=source)

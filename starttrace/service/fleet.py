@@ -94,7 +94,12 @@ class FactsDeriver:
     def run_once(self, limit: int = 1000) -> int:
         with self._lock:
             try:
-                return derive_missing(self.sink, self.load, limit, self.idle_s, self.on_facts)
+                ids = self.sink.missing(limit=limit, idle_s=self.idle_s)
+                failed = derive(ids, self.load, self.sink, self.on_facts)
+                if failed:
+                    self.errors.append(f"deriving fleet facts: {len(failed)} run(s) failed, e.g. {failed[0]}")
+                    del self.errors[:-20]
+                return len(ids)
             except Exception as exc:  # /healthz reports it; the next turn tries again
                 self.errors.append(f"deriving fleet facts: {type(exc).__name__}: {exc}")
                 del self.errors[:-20]

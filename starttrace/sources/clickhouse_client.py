@@ -118,8 +118,11 @@ class Client(Protocol):
 
 
 # chdb allows one engine per process: sessions are shared by data directory (and only one directory
-# per process can be open at a time)
+# per process can be open at a time). Queries run one at a time (`_CHDB_QUERY`): two threads querying
+# one session at once with parameters lost them ("Substitution `by` is not set", seen under a request
+# and the facts deriver together).
 _CHDB_LOCK = threading.Lock()
+_CHDB_QUERY = threading.Lock()
 _CHDB_SESSIONS: dict[str, Any] = {}
 
 
@@ -142,13 +145,15 @@ class ChdbClient:
 
     def arrow(self, sql: str, params: dict[str, Any] | None = None) -> Any:
         try:
-            return self._session.query(sql, "ArrowTable", params=_chdb_params(params))
+            with _CHDB_QUERY:
+                return self._session.query(sql, "ArrowTable", params=_chdb_params(params))
         except Exception as exc:
             raise ClickHouseError(str(exc)) from None
 
     def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
         try:
-            self._session.query(sql, "CSV", params=_chdb_params(params))
+            with _CHDB_QUERY:
+                self._session.query(sql, "CSV", params=_chdb_params(params))
         except Exception as exc:
             raise ClickHouseError(str(exc)) from None
 

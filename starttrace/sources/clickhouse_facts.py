@@ -10,6 +10,7 @@ a few rows come back to Python, never the runs.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from string import Template
 from typing import Any
@@ -95,15 +96,19 @@ class ClickHouseFacts:
         self.facts = f"{ident(client.url.database)}.{ident(FACTS_TABLE)}"
         self.traces = client.url.traces
         self._ready = False
+        self._lock = threading.Lock()  # the table is created once (a request and the deriver may race)
 
     def _sql(self, template: str, **parts: str) -> str:
         return Template(template).substitute(facts=self.facts, traces=self.traces, **parts)
 
     def ensure_table(self) -> None:
-        if not self._ready:
-            self.client.command(f"CREATE DATABASE IF NOT EXISTS {ident(self.client.url.database)}")
-            self.client.command(self._sql(FACTS_DDL))
-            self._ready = True
+        if self._ready:
+            return
+        with self._lock:
+            if not self._ready:
+                self.client.command(f"CREATE DATABASE IF NOT EXISTS {ident(self.client.url.database)}")
+                self.client.command(self._sql(FACTS_DDL))
+                self._ready = True
 
     def write(self, facts: list[dict[str, Any]]) -> None:
         """Insert facts rows (`analysis.fleet.run_facts`); a run written again replaces its row."""

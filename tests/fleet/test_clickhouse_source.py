@@ -223,3 +223,29 @@ def test_load_runs_in_one_batch_as_one_by_one(ch: Client) -> None:
         assert [p.instance_id for p in run.processes] == [p.instance_id for p in one.processes]
         assert [p.resource for p in run.processes] == [p.resource for p in one.processes]
         assert [s.span_id for s in run.root_spans] == [s.span_id for s in one.root_spans]
+
+
+def test_concurrent_queries_keep_their_parameters(ch: Client) -> None:
+    """A request and the facts deriver query one chdb session at once: each query keeps its own
+    parameters (without the client's query lock, one lost them: "Substitution `by` is not set")."""
+    import threading
+
+    runs = ClickHouseRuns(ch)
+    want = {rid: runs.run_version(rid) for rid in ("ch-run-1", "ch-run-2", "ch-run-3")}
+    errors: list[str] = []
+
+    def work(rid: str) -> None:
+        try:
+            for _ in range(25):
+                got = runs.run_version(rid)
+                if got != want[rid]:
+                    errors.append(f"{rid}: {got} != {want[rid]}")
+        except Exception as exc:
+            errors.append(f"{rid}: {exc}")
+
+    threads = [threading.Thread(target=work, args=(rid,)) for rid in want for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
 from fleet_rows import synthetic_facts
 
@@ -57,7 +58,8 @@ def _model(run_id: str, lanes: list[Lane], ready_s: float | None, findings: list
         status="ready" if ready_s is not None else "exited",
         ready_ns=None if ready_s is None else t0 + int(ready_s * S),
         lanes=lanes,
-        spans=[],
+        spans=pl.DataFrame(),
+        side=pl.DataFrame(),
         phases=[],
         hotspots=[],
         preload_advice=[],

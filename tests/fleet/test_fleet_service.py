@@ -40,16 +40,38 @@ def _runs() -> list[Any]:
     return out
 
 
-@pytest.fixture(scope="module")
-def ch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def fill_dir(data: Path) -> None:
+    """otel_traces in a chdb directory, filled by a process of its own that then exits: chdb is one
+    engine per process, and a directory another live process has opened cannot be opened."""
+    code = (
+        "import sys; sys.path[:0] = [sys.argv[2], sys.argv[3]]\n"
+        "from pathlib import Path\n"
+        "import test_fleet_service as t\n"
+        "t._fill_here(Path(sys.argv[1]))\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, str(data), str(REPO / "tests"), str(Path(__file__).parent)],
+        env=_env(),
+        cwd=str(REPO),
+        check=True,
+        timeout=300,
+    )
+
+
+def _fill_here(data: Path) -> None:
     from starttrace.sources.clickhouse_client import close_all, connect
 
-    data = tmp_path_factory.mktemp("fleet-service") / "chdb"
     client = connect(f"chdb:{data}")
     create_tables(client)
     for run in _runs():
         insert(client, exporter_rows(to_protobuf(run)))
-    close_all()  # one engine per process and data directory: the service opens it next
+    close_all()
+
+
+@pytest.fixture(scope="module")
+def ch_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    data = tmp_path_factory.mktemp("fleet-service") / "chdb"
+    fill_dir(data)
     return data
 
 
@@ -65,11 +87,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+LOG: list[Path] = []
+
+
 @pytest.fixture(scope="module")
 def service(ch_dir: Path) -> Iterator[str]:
     port = _free_port()
     cmd = [sys.executable, "-m", "starttrace.service.server", "--port", str(port), "--clickhouse", f"chdb:{ch_dir}"]
-    proc = subprocess.Popen(cmd, env=_env(), cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    log = ch_dir.parent / "service.log"
+    LOG.append(log)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=_env(), cwd=str(REPO), stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -80,7 +108,7 @@ def service(ch_dir: Path) -> Iterator[str]:
             except httpx.HTTPError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("service did not start: " + (proc.stderr.read().decode() if proc.stderr else ""))
+                raise AssertionError("service did not start: " + log.read_text(errors="replace")[-3000:])
             time.sleep(0.2)
         yield url
     finally:
@@ -93,7 +121,7 @@ def _fleet(url: str, **params: str) -> dict[str, Any]:
     deadline = time.monotonic() + 120
     while True:
         got = httpx.get(url + "/fleet", params=params, timeout=60)
-        assert got.status_code == 200, got.text
+        assert got.status_code == 200, got.text + (LOG[-1].read_text(errors="replace")[-4000:] if LOG else "")
         doc = got.json()
         if doc["runs"] == RUNS or time.monotonic() > deadline:
             return doc
@@ -118,7 +146,7 @@ def test_fleet_over_http_from_clickhouse(service: str) -> None:
     assert by_host["key"] == "host.name" and [g["value"] for g in by_host["groups"]] == ["synth-host"]
     none = httpx.get(service + "/fleet", params={"service": "nope"}, timeout=60).json()
     assert none["runs"] == 0 and none["groups"] == [] and none["slowest"] == []
-    since = httpx.get(service + "/fleet", params={"since": "1750000004"}, timeout=60).json()
+    since = httpx.get(service + "/fleet", params={"since": "1750004500"}, timeout=60).json()
     assert since["runs"] == RUNS - 5
     assert httpx.get(service + "/fleet", params={"since": "soon"}, timeout=60).status_code == 400
 
@@ -161,11 +189,9 @@ def test_metrics_carry_no_run_id(service: str) -> None:
 
 
 def test_cli_fleet_report_export_from_clickhouse(ch_dir: Path, tmp_path: Path, service: str) -> None:
-    # the service holds the engine's directory: the CLI reads a copy (chdb: one process per directory)
-    import shutil
-
-    copy = tmp_path / "copy"
-    shutil.copytree(ch_dir, copy, ignore=shutil.ignore_patterns("status", "*.lock"))
+    # the service holds its engine's directory: the CLI reads one of its own (chdb: one process each)
+    copy = tmp_path / "cli-chdb"
+    fill_dir(copy)
     cli = [sys.executable, "-m", "starttrace"]
     out = subprocess.run(
         [*cli, "fleet", "--clickhouse", f"chdb:{copy}", "--by", "service.version", "--json"],
