@@ -15,8 +15,9 @@ For each N:
   the clones' facts are copied from their template's, changed as their spans were (`facts_copied`);
 - `fleet_cold_s`: the first `GET /fleet?by=service.version` of a fresh service process (targets:
   <= 2 s cold); `fleet_warm_s`: the median of the next 10 (<= 0.2 s);
-- `open_run_s`: the large run's first `GET /startup/{run}` (load from ClickHouse, model, first
-  answer; target <= 1 s), `load_run_s`: its load alone (in-process).
+- `open_big_run_s`: the large run's first `GET /startup/{run}` (load from ClickHouse, model, first
+  answer; target <= 1 s), `load_run_s`: its load alone (in-process); `open_small_run_s`: the same
+  for one of the N runs (120 spans).
 """
 
 from __future__ import annotations
@@ -170,8 +171,11 @@ def copy_facts(facts: Any, n: int) -> int:
     return n - TEMPLATES
 
 
-def measure(n: int, big_imports: int, workdir: Path, derive_limit: int) -> dict[str, Any]:
-    data = workdir / f"chdb-{n}"
+def prepare(data: Path, n: int, big_imports: int, derive_limit: int) -> dict[str, Any]:
+    """Fill otel_traces and derive the facts (run in a process of its own: chdb is one engine per
+    process, and the service opens the directory after this process has exited)."""
+    from starttrace.service.fleet import Prefetching, derive, derive_all, direct_loader
+
     shutil.rmtree(data, ignore_errors=True)
     client = connect(f"chdb:{data}")
     create_tables(client)
@@ -184,8 +188,6 @@ def measure(n: int, big_imports: int, workdir: Path, derive_limit: int) -> dict[
     big_run = runs.load_run(big)
     load_run_s = time.perf_counter() - t
     assert big_run is not None
-    from starttrace.service.fleet import Prefetching, derive, derive_all, direct_loader
-
     facts = ClickHouseFacts(client)
     pre = Prefetching(runs.load_runs)
     t = time.perf_counter()
@@ -198,17 +200,39 @@ def measure(n: int, big_imports: int, workdir: Path, derive_limit: int) -> dict[
         derived = len(ids)
         copied = copy_facts(facts, n)
     derive_s = time.perf_counter() - t
-    close_all()  # one engine per process: the service opens the directory next
+    close_all()
+    return {
+        "runs": n,
+        "span_rows": rows,
+        "big_run": big,
+        "big_run_spans": big_run.span_count(),
+        "insert_s": round(insert_s, 2),
+        "derived": derived,
+        "facts_copied": copied,
+        "derive_s": round(derive_s, 2),
+        "derive_ms_per_run": round(derive_s / max(1, derived) * 1000, 2),
+        "load_run_s": round(load_run_s, 3),
+    }
+
+
+def measure(n: int, big_imports: int, workdir: Path, derive_limit: int) -> dict[str, Any]:
+    data = workdir / f"chdb-{n}"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, __file__, "--prepare", str(data), "--runs", str(n), "--big-imports", str(big_imports)]
+    cmd += ["--derive-limit", str(derive_limit)]
+    out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, check=True)
+    res: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    big = res.pop("big_run")
     port = free_port()
     proc = start_service(data, port)
     try:
-        url = f"http://127.0.0.1:{port}"
-        with httpx.Client(base_url=url, timeout=600) as http:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as http:
             t = time.perf_counter()
             first = http.get("/fleet", params={"by": "service.version"})
             cold = time.perf_counter() - t
             assert first.status_code == 200, first.text
             answer = first.json()
+            assert answer["runs"] == n + 1, answer["runs"]
             warm = []
             for _ in range(10):
                 t = time.perf_counter()
@@ -218,25 +242,24 @@ def measure(n: int, big_imports: int, workdir: Path, derive_limit: int) -> dict[
             page = http.get(f"/startup/{big}")
             open_s = time.perf_counter() - t
             assert page.status_code == 200, page.text[:500]
+            small = "fleet-000001"
+            t = time.perf_counter()
+            http.get(f"/startup/{small}").raise_for_status()
+            open_small_s = time.perf_counter() - t
     finally:
         proc.terminate()
         proc.wait(30)
-    return {
-        "runs": n,
-        "span_rows": rows,
-        "big_run_spans": big_run.span_count(),
-        "insert_s": round(insert_s, 2),
-        "derived": derived,
-        "facts_copied": copied,
-        "derive_s": round(derive_s, 2),
-        "derive_ms_per_run": round(derive_s / max(1, derived) * 1000, 2),
-        "fleet_cold_s": round(cold, 3),
-        "fleet_warm_s": round(statistics.median(warm), 3),
-        "open_run_s": round(open_s, 3),
-        "load_run_s": round(load_run_s, 3),
-        "groups": [(g["value"], g["runs"], g["time_to_ready_s"]["p50"]) for g in answer["groups"]],
-        "regressions": answer["regressions"][:3],
-    }
+    res.update(
+        {
+            "fleet_cold_s": round(cold, 3),
+            "fleet_warm_s": round(statistics.median(warm), 3),
+            "open_big_run_s": round(open_s, 3),
+            "open_small_run_s": round(open_small_s, 3),
+            "groups": [(g["value"], g["runs"], g["time_to_ready_s"]["p50"]) for g in answer["groups"]],
+            "regressions": answer["regressions"][:3],
+        }
+    )
+    return res
 
 
 def main() -> None:
@@ -244,6 +267,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, action="append", help="runs in otel_traces (repeatable; default 2000)")
     parser.add_argument("--big-imports", type=int, default=12000, help="imports per rank of the one large run")
     parser.add_argument("--json", type=Path, help="write the results here too")
+    parser.add_argument("--prepare", type=Path, help=argparse.SUPPRESS)  # internal: fill and derive in DIR
     parser.add_argument(
         "--derive-limit",
         type=int,
@@ -252,6 +276,9 @@ def main() -> None:
         " facts are derived and copied to their clones",
     )
     args = parser.parse_args()
+    if args.prepare is not None:
+        print(json.dumps(prepare(args.prepare, (args.runs or [2000])[0], args.big_imports, args.derive_limit)))
+        return
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         for n in args.runs or [2000]:
