@@ -24,7 +24,9 @@ RUN groupadd --system --gid 10001 starttrace \
 
 # .dockerignore lets only pyproject.toml, README.md , starttrace/ and starttrace.pth into the build context.
 COPY . /tmp/starttrace-src
-RUN pip install --no-cache-dir /tmp/starttrace-src \
+# clickhouse-connect: `serve --clickhouse http://...` (starttrace-fleet in docker-compose.yml reads
+# runs from ClickHouse); the embedded engine chdb (500 MB) stays out of the image.
+RUN pip install --no-cache-dir /tmp/starttrace-src "clickhouse-connect==1.12.0" \
     && rm -rf /tmp/starttrace-src
 
 USER 10001:10001

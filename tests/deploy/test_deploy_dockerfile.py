@@ -92,6 +92,8 @@ def test_installs_the_package_without_torch_or_vllm() -> None:
     runs = " ".join(args for ins, args in instructions() if ins == "RUN")
     assert re.search(r"pip install --no-cache-dir /tmp/starttrace-src\b", runs), runs
     assert "torch" not in runs and "vllm" not in runs
+    # the HTTP client for `serve --clickhouse` (starttrace-fleet), pinned as pyproject's extra allows
+    assert re.search(r'"clickhouse-connect==1\.12\.\d+"', runs) and "chdb" not in runs, runs
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     assert not [d for d in deps if re.match(r"(torch|vllm)\b", d)], "the service image must not pull torch/vLLM"
 

@@ -271,6 +271,28 @@ def test_fleet_over_the_embedded_store(tmp_path: Path) -> None:
         assert doc["slowest"][0]["url"].startswith("/startup/fl-")
         # derived once: a second pass finds nothing missing
         assert app.state.facts.missing(idle_s=0) == []
+    # `starttrace fleet --db`: the same answer from the store's file
+    for derive in ("--no-derive", "--derive"):
+        out = subprocess.run(
+            [sys.executable, "-m", "starttrace", "fleet", "--db", str(tmp_path / "st.db"), "--json", derive],
+            env=_env(),
+            cwd=str(REPO),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr
+        cli = json.loads(out.stdout)
+        assert cli["runs"] == RUNS and cli["groups"] == doc["groups"]
+    missing = subprocess.run(
+        [sys.executable, "-m", "starttrace", "fleet", "--db", str(tmp_path / "none.db")],
+        env=_env(),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert missing.returncode == 2 and "no store at" in missing.stderr
 
 
 def _fleet_client(client: Any) -> dict[str, Any]:
