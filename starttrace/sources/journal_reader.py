@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from starttrace.boot import default_journal_root, process_start_monotonic
 from starttrace.run import NOT_PYTHON, Link, Process, Run, Span, journal_cut
 from starttrace.sources.journal_files import CLOCK_PREFIX, journal_files, journal_lines, parse_record
 from starttrace.sources.plausible import drop_implausible
+from starttrace.tracer.boot import default_journal_root, process_start_monotonic
 
 __all__ = [
     "EmptyRun",

@@ -25,7 +25,7 @@ PROGRAM = textwrap.dedent(
 
     def child(queue):
         mod = sys.modules.get("starttrace")
-        queue.put({"starttrace": getattr(mod, "__file__", None), "boot": "starttrace.boot" in sys.modules})
+        queue.put({"starttrace": getattr(mod, "__file__", None), "boot": "starttrace.tracer.boot" in sys.modules})
 
     if __name__ == "__main__":
         ctx = multiprocessing.get_context("spawn")
