@@ -63,7 +63,7 @@ _installed: "list[str]" = []
 _lazy_done: "set[str]" = set()
 
 
-# Loaded only in a torchrun agent whose run its command line named (`launchers.current`, set in
+# Loaded only in a torchrun agent whose run its command line named (`lifecycle.state.job`, set in
 # roots only): every other process pays nothing for it.
 TORCHRUN_AGENT_PROBE = "starttrace.tracer.probes.torchelastic"
 

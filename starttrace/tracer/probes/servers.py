@@ -1,11 +1,11 @@
-"""Server readiness probe: uvicorn "startup complete" -> `starttrace.tracer.boot.mark_ready`.
+"""Server readiness probe: uvicorn "startup complete" -> `starttrace.tracer.lifecycle.mark_ready`.
 
 Wraps (after the traced program imported uvicorn; standard library only here):
 - `uvicorn.server.Server.startup` -> span `uvicorn.startup` (phase `server_startup`): the ASGI
   lifespan startup and the bind of the listening sockets.
 - `uvicorn.server.Server.main_loop` -> at its entry, the server is started (subclasses such as
   vLLM's `NoSignalServer` have finished their own startup work too) and answers requests: the
-  `ready` instant is recorded (via `boot.mark_ready`) with the listening address.
+  `ready` instant is recorded (via `lifecycle.mark_ready`) with the listening address.
 
 `mark_ready` is idempotent (one `ready` per process), so several servers in one process, or a
 restart, record the first readiness only.
