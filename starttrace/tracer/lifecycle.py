@@ -1,4 +1,4 @@
-"""This process's part in its run (its lifecycle): what activation learnt (`state`), the names of the environment
+"""This process's part in its run: what activation learnt (`state`), the names of the environment
 a run hands down to its children, and the lifecycle calls the probes make (`set_role`,
 `end_bootstrap`, `mark_process_ready`, `mark_ready`, `flag_cuda_before_fork`).
 
