@@ -52,7 +52,7 @@ def measure(python: str, imports: int, torch: bool) -> dict[str, object]:
         [python, "-c", "import sys; print(sys.version.split()[0])"], env=off, capture_output=True, text=True, check=True
     ).stdout.strip()
     built = subprocess.run(
-        [python, "-c", "import importlib.util as u; print(u.find_spec('starttrace._hotpath') is not None)"],
+        [python, "-c", "import importlib.util as u; print(u.find_spec('starttrace.tracer._hotpath') is not None)"],
         env=off, capture_output=True, text=True, check=True,
     ).stdout.strip() == "True"  # fmt: skip
     if not built:
