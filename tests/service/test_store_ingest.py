@@ -16,9 +16,10 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from starttrace.run import SPAN_SCHEMA, column_values, decode_attrs
+from starttrace.run.otlp_attrs import span_attrs
 from starttrace.sources import store as store_module
 from starttrace.sources.batches import unpack_spans
-from starttrace.sources.otlp import decode, span_attrs
+from starttrace.sources.otlp import decode
 from starttrace.sources.store import IngestBatch, ProcessBatch, SpanTuple, Store
 
 _TUPLE_COLS = ["span_id", "parent_id", "name", "start", "end", "in_progress", "instant", "attrs", "error", "thread"]

@@ -44,7 +44,7 @@ def _layer(module: str) -> str:
         return "root"
     if module == HOT_PATH or module.startswith(HOT_PATH + "."):
         return "hot"
-    if module == "starttrace.run":
+    if module == "starttrace.run" or module.startswith("starttrace.run."):
         return "run"
     second = module.split(".")[1]
     return {"sources": "sources", "analysis": "analysis", "views": "views"}.get(second, "entry")

@@ -169,7 +169,7 @@ def spans_table(spans: Iterable[tuple[str, Span]]) -> pl.DataFrame:
 def decode_attrs(text: str | None, raw: bytes | None) -> dict[str, Any]:
     """A span's attributes from its `attrs` / `attrs_pb` cells."""
     if raw:
-        from starttrace.sources.otlp import span_attrs  # the protobuf decoder: only for OTLP rows
+        from starttrace.run.otlp_attrs import span_attrs  # protobuf: imported only for OTLP rows
 
         return span_attrs(bytes(raw))
     if text:
