@@ -1,5 +1,5 @@
 """Builds starttrace's optional C core when the package is built or installed: the hot path's
-(starttrace/_hotpath.c: C only where the traced program pays).
+(starttrace/tracer/_hotpath.c: C only where the traced program pays).
 
 Without a C compiler, or when STARTTRACE_BUILD_PURE=1, the wheel is pure Python and the hot path
 runs its Python code: the same records, at a higher cost (docs/benchmarks.md). An
@@ -18,19 +18,24 @@ from pathlib import Path
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SOURCES = (Path("starttrace") / "_hotpath.c",)
+SOURCES = (Path("starttrace") / "tracer" / "_hotpath.c",)
 
 
 def compile_extensions(root: Path, into: Path) -> list[Path]:
-    """Compile each of SOURCES into the folder `into`; the paths built (a reason on stderr for each
-    one that is not)."""
+    """Compile each of SOURCES into its package's folder under `into` (`into`/starttrace/tracer/
+    for starttrace/tracer/_hotpath.c); the paths built (a reason on stderr for each one that is
+    not)."""
     if os.environ.get("STARTTRACE_BUILD_PURE", "").strip() not in ("", "0"):
         return []
     compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
     if not compiler or shutil.which(compiler[0]) is None:
         print(f"starttrace: no C compiler ({compiler[:1]}): building pure Python", file=sys.stderr)
         return []
-    built = [compile_extension(compiler, root / source, into) for source in SOURCES]
+    built = []
+    for source in SOURCES:
+        folder = into / source.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        built.append(compile_extension(compiler, root / source, folder))
     return [path for path in built if path is not None]
 
 
@@ -68,12 +73,12 @@ class CustomBuildHook(BuildHookInterface):
             return
         root = Path(self.root)
         if version == "editable":  # the install imports the files from the source tree
-            built = compile_extensions(root, root / "starttrace")
+            built = compile_extensions(root, root)
         else:
             self._scratch = Path(tempfile.mkdtemp(prefix="starttrace-c-"))
             built = compile_extensions(root, self._scratch)
             for path in built:
-                build_data["force_include"][str(path)] = f"starttrace/{path.name}"
+                build_data["force_include"][str(path)] = path.relative_to(self._scratch).as_posix()
         if built:
             build_data["pure_python"] = False
             build_data["infer_tag"] = True

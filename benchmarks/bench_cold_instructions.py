@@ -59,7 +59,7 @@ control("-d", "build_model")
 json.dumps(first_payload(model), separators=(",", ":"), default=str)
 control("-d", "first_answer")
 control("-i", "off")
-print(len(model.spans))
+print(model.spans.height)
 """
 
 

@@ -7,7 +7,7 @@ time is not: every program runs under `valgrind --tool=callgrind` with PYTHONHAS
 caches written beforehand, and journals in a temporary folder that is removed afterwards. Each case
 runs untraced and traced one after the other in the same invocation and prints the ratio.
 
-Where the hot path's C core is built (starttrace/_hotpath.c), every traced case also runs with
+Where the hot path's C core is built (starttrace/tracer/_hotpath.c), every traced case also runs with
 STARTTRACE_PURE_PYTHON=1 (the Python code writing the same records): a third column, and the
 per-span cost of both.
 
@@ -100,7 +100,7 @@ def main() -> int:
     work = WORK
     off, on = base_env(), base_env(traced=True)
     built = subprocess.run(
-        [python, "-c", "import importlib.util as u; print(u.find_spec('starttrace._hotpath') is not None)"],
+        [python, "-c", "import importlib.util as u; print(u.find_spec('starttrace.tracer._hotpath') is not None)"],
         env=off, capture_output=True, text=True,
     ).stdout.strip() == "True"  # fmt: skip
     pure = base_env(traced=True, pure=True) if built else None

@@ -103,8 +103,8 @@ def print_table(title: str, rows: list[dict[str, object]], a_name: str = "untrac
 
 AB_PROGRAM = """
 import json, sys, time
-from starttrace import recorder
-from starttrace.probes import imports
+from starttrace.tracer import recorder
+from starttrace.tracer.probes import imports
 sys.path.insert(0, {folder!r})
 names = ["synth_mod_%d" % i for i in range({count})]
 

@@ -43,7 +43,7 @@ def import_spans(python: str, program: str) -> int:
         subprocess.run([python, "-c", program], env=env, check=True, capture_output=True)
         (run_dir,) = [p for p in Path(tmp).iterdir() if p.is_dir()]
         run = read_run(run_dir)
-        return sum(1 for p in run.processes for s in p.spans if s.attrs.get("starttrace.phase") == "import")
+        return int((run.spans["phase"] == "import").sum())
 
 
 def measure(python: str, imports: int, torch: bool) -> dict[str, object]:
@@ -52,7 +52,7 @@ def measure(python: str, imports: int, torch: bool) -> dict[str, object]:
         [python, "-c", "import sys; print(sys.version.split()[0])"], env=off, capture_output=True, text=True, check=True
     ).stdout.strip()
     built = subprocess.run(
-        [python, "-c", "import importlib.util as u; print(u.find_spec('starttrace._hotpath') is not None)"],
+        [python, "-c", "import importlib.util as u; print(u.find_spec('starttrace.tracer._hotpath') is not None)"],
         env=off, capture_output=True, text=True, check=True,
     ).stdout.strip() == "True"  # fmt: skip
     if not built:

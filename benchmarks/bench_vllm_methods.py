@@ -67,7 +67,7 @@ def _from_journals(journal_root: Path) -> dict[str, Any]:
     for lane in model.lanes:
         if lane.role != "worker" or lane.rank is None:
             continue
-        init = [n.start for n in lane.spans if n.name == "vllm.worker.init"]
+        init = [n.start for n in model.select(names=("vllm.worker.init",), lane=lane)]
         if init:
             ranks[str(lane.rank)] = round((min(init) - lane.start) / 1e9, 3)
     kinds: dict[str, int] = {}

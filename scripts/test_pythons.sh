@@ -121,7 +121,7 @@ assert where.is_relative_to(pathlib.Path(sys.prefix).resolve()), f"not the venv'
 from importlib.metadata import metadata
 version = "%d.%d" % sys.version_info[:2]
 assert f"Programming Language :: Python :: {version}" in metadata("starttrace").get_all("Classifier"), version
-core = importlib.util.find_spec("starttrace._hotpath")
+core = importlib.util.find_spec("starttrace.tracer._hotpath")
 print(f"   starttrace {starttrace.__version__} from {where.parent}; C core: {core.origin if core else 'not built'}")
 EOF
   )

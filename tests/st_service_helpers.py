@@ -89,9 +89,9 @@ def wait_final(run_dir: Path, timeout: float = 20.0, environ: dict[str, str] | N
     the kernel's NTP state can be read, the clock file that the root's detached helper writes
     after the root's exit is there (`starttrace.clocksync`). Two reads of the run taken on either
     side of that file differ in the processes' clock attributes."""
-    from starttrace.boot import auto_export_endpoint
     from starttrace.clocksync import ntp_state
     from starttrace.sources.journal_reader import read_run
+    from starttrace.tracer.lifecycle import auto_export_endpoint
 
     expect_clock = bool(ntp_state()) and auto_export_endpoint(environ or {}) is None
 

@@ -217,18 +217,20 @@ def pack_by_trace(spans: list[SpanTuple]) -> list[PackedSpans]:
     out = []
     for trace_id, group in zip(trace_ids, groups, strict=True):
         frame = span_frame(group)
-        starts = frame["start"]
-        first = starts.min()
-        if first < PLAUSIBLE_MIN_NS:  # type: ignore[operator]
-            first = starts.filter(starts >= PLAUSIBLE_MIN_NS).min() or first
-        ids = frame["span_id"]
+        first_ok, first, last = frame.select(
+            pl.col("start").filter(pl.col("start") >= PLAUSIBLE_MIN_NS).min(),
+            pl.col("start").min().alias("first"),
+            pl.max_horizontal(pl.col("end").max(), pl.col("start").max()),
+        ).row(0)
+        ids = frame["span_id"].to_list()
+        is_open = frame["in_progress"]
         out.append(
             PackedSpans(
                 trace_id,
-                ids.to_list(),
-                ids.filter(frame["in_progress"]).to_list(),
-                int(first),  # type: ignore[arg-type]
-                int(frame.select(pl.max_horizontal(pl.col("end").fill_null(pl.col("start")).max())).item()),
+                ids,
+                frame["span_id"].filter(is_open).to_list() if is_open.any() else [],
+                first if first_ok is None else first_ok,
+                last,
                 write_packed(frame),
             )
         )

@@ -22,7 +22,6 @@ from typing import Any
 
 import polars as pl
 
-from starttrace.boot import default_journal_root, process_start_monotonic
 from starttrace.run import (
     LAUNCHED_BY_KEY,
     MODULE_KEY,
@@ -38,6 +37,7 @@ from starttrace.run import (
 )
 from starttrace.sources.journal_files import CLOCK_PREFIX, journal_files, journal_lines, parse_record
 from starttrace.sources.plausible import drop_implausible
+from starttrace.tracer.boot import default_journal_root, process_start_monotonic
 
 __all__ = [
     "EmptyRun",

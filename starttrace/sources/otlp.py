@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from starttrace.run import LAUNCHED_BY_KEY, MODULE_KEY, PHASE_KEY, SELF_US_KEY
+from starttrace.run.otlp_attrs import kv_attrs, message_class
 from starttrace.sources.batches import IngestBatch, ProcessBatch, SpanTuple
 
 PROTOBUF = "application/x-protobuf"
@@ -90,39 +91,6 @@ def parse_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
     return msg
 
 
-def any_value(v: AnyValue) -> Any:
-    kind = v.WhichOneof("value")
-    if kind == "string_value":
-        return v.string_value
-    if kind == "int_value":
-        return v.int_value
-    if kind == "bool_value":
-        return v.bool_value
-    if kind == "double_value":
-        return v.double_value
-    if kind == "array_value":
-        return [any_value(x) for x in v.array_value.values]
-    if kind == "kvlist_value":
-        return {kv.key: any_value(kv.value) for kv in v.kvlist_value.values}
-    if kind == "bytes_value":
-        return v.bytes_value.hex()
-    return None
-
-
-def _attrs(kvs: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for kv in kvs:
-        v = kv.value
-        kind = v.WhichOneof("value")
-        if kind == "string_value":
-            out[kv.key] = v.string_value
-        elif kind == "int_value":
-            out[kv.key] = v.int_value
-        else:
-            out[kv.key] = any_value(v)
-    return out
-
-
 _IN_PROGRESS = "starttrace.in_progress"
 _SCOPE_KEY = "otel.scope.name"
 _MAX_NS = (1 << 63) - 1  # SQLite integers are signed 64-bit
@@ -140,32 +108,6 @@ def varint(n: int) -> bytes:
             return bytes(out)
 
 
-Field = tuple[str, int, int, int, str]  # name, number, type, label, message type name ("" for scalars)
-
-
-def _message_class(
-    file_name: str, package: str, dependencies: list[str], messages: list[tuple[str, list[Field]]]
-) -> Any:
-    """Define `messages` in the default descriptor pool (once) and return the class of the last one."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-    pool = descriptor_pool.Default()
-    try:
-        pool.FindFileByName(file_name)
-    except KeyError:
-        fd = descriptor_pb2.FileDescriptorProto(
-            name=file_name, package=package, syntax="proto3", dependency=dependencies
-        )
-        for msg_name, fields in messages:
-            m = fd.message_type.add(name=msg_name)
-            for fname, number, ftype, label, tname in fields:
-                f = m.field.add(name=fname, number=number, type=ftype, label=label)
-                if tname:
-                    f.type_name = tname
-        pool.Add(fd)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{package}.{messages[-1][0]}"))
-
-
 def _build_lite_types() -> Any:
     """`ExportTraceServiceRequest` with each span left as its raw bytes (same field numbers and
     wire types): the receiver reads each span's fields from the request parsed with the OTLP schema
@@ -175,7 +117,7 @@ def _build_lite_types() -> Any:
 
     fdp = descriptor_pb2.FieldDescriptorProto
     optional, repeated = fdp.LABEL_OPTIONAL, fdp.LABEL_REPEATED
-    return _message_class(
+    return message_class(
         "starttrace/service/otlp_lite.proto",
         "starttrace.otlp_lite",
         ["opentelemetry/proto/common/v1/common.proto", "opentelemetry/proto/resource/v1/resource.proto"],
@@ -197,24 +139,6 @@ def _build_lite_types() -> Any:
                 ],
             ),
             ("Request", [("resource_spans", 1, fdp.TYPE_MESSAGE, repeated, ".starttrace.otlp_lite.ResourceSpans")]),
-        ],
-    )
-
-
-def _attrs_only_type() -> Any:
-    """A message with only `Span.attributes` (field 9): decodes a stored span's attributes alone."""
-    from google.protobuf import descriptor_pb2
-
-    fdp = descriptor_pb2.FieldDescriptorProto
-    return _message_class(
-        "starttrace/service/otlp_attrs.proto",
-        "starttrace.otlp_attrs",
-        ["opentelemetry/proto/common/v1/common.proto"],
-        [
-            (
-                "SpanAttributes",
-                [("attributes", 9, fdp.TYPE_MESSAGE, fdp.LABEL_REPEATED, ".opentelemetry.proto.common.v1.KeyValue")],
-            )
         ],
     )
 
@@ -265,18 +189,6 @@ def _own_attrs(attributes: Any, maybe_open: bool) -> tuple[bool, Any, Any, Any, 
         elif maybe_open:
             in_progress = v.WhichOneof("value") == "bool_value" and v.bool_value
     return in_progress, phase, module, self_us, launched
-
-
-_AttrsOnly: Any = None
-
-
-def span_attrs(raw: bytes) -> dict[str, Any]:
-    """The attributes of a span stored as raw OTLP bytes (a repeated key: the last value wins).
-    Parsed with a message that declares only `attributes`: the rest of the span is skipped."""
-    global _AttrsOnly
-    if _AttrsOnly is None:
-        _AttrsOnly = _attrs_only_type()
-    return _attrs(_AttrsOnly.FromString(raw).attributes)
 
 
 @dataclass
@@ -335,7 +247,7 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
     maybe_exception = _EXCEPTION_B in msg
     last_tid, last_hex = b"", ""  # the spans of a request mostly share one trace id
     for rs, rs_raw in zip(full.resource_spans, lite.resource_spans, strict=True):
-        resource = _attrs(rs.resource.attributes)
+        resource = kv_attrs(rs.resource.attributes)
         bad_run = run_id_problem(resource.get("starttrace.run_id"))
         if bad_run is not None:  # a run no URL could open: refused, with its spans
             n = sum(len(ss.spans) for ss in rs.scope_spans)

@@ -1,6 +1,6 @@
 """Per-node runs of one job that found no shared key, joined when the service reads them.
 
-Where every node of a job derives the same run id (`starttrace.launchers`), its processes are one
+Where every node of a job derives the same run id (`starttrace.tracer.launchers`), its processes are one
 run already. Where they do not (a launcher starttrace does not know, ranks started one by one with
 torch's env:// variables, one node given another `STARTTRACE_RUN_ID`), each node becomes a run of
 its own. This joins them: runs whose processes name the same rendezvous endpoint with the same

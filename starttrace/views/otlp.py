@@ -22,8 +22,8 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from starttrace import __version__
 from starttrace.analysis.detail import DEFAULT_DETAIL, DEFAULT_IMPORT_BUDGET, apply_detail
-from starttrace.boot import otlp_endpoint
 from starttrace.run import Process, Run, Span, span_of
+from starttrace.tracer.lifecycle import otlp_endpoint
 
 SCOPE = InstrumentationScope("starttrace", __version__)
 BATCH = 512

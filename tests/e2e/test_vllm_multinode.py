@@ -26,7 +26,7 @@ import pytest
 
 from starttrace.demo.model import make_tiny_model
 from starttrace.demo.server import vllm_command, vllm_env, vllm_importable
-from starttrace.launchers import from_argv
+from starttrace.tracer.launchers import from_argv
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from e2e_vllm_run import PYTHON, Served
+from run_spans import all_spans, spans_of
 
 from starttrace.analysis.detail import (
     DROPPED_COUNT_ATTR,
@@ -47,21 +48,21 @@ def test_summary_fits_tempo_and_jaeger(served: Served) -> None:
     )
     assert summary.span_count() <= MAX_SPANS
     assert len(protobuf) <= MAX_BYTES < len(full)
-    kept = {s.span_id for _, s in summary.all_spans()}
+    kept = {s.span_id for _, s in all_spans(summary)}
     assert [p.instance_id for p in summary.processes] == [p.instance_id for p in run.processes]
     for process in run.processes:
         assert process.process_span_id in kept, process.label()
-        for span in process.spans:
+        for span in spans_of(run, process):
             if _must_keep(span.name) or not is_import(span):
                 assert span.span_id in kept, (process.label(), span.name)
-    names = {s.name for _, s in summary.all_spans()}
+    names = {s.name for _, s in all_spans(summary)}
     assert {"ready", "dist.init"} <= names and any(n.startswith("vllm.model_load") for n in names)
     # nothing kept is orphaned, and what was dropped is accounted for on the kept spans
-    spans = {s.span_id: s for _, s in run.all_spans()}
-    for _, span in summary.all_spans():
+    spans = {s.span_id: s for _, s in all_spans(run)}
+    for _, span in all_spans(summary):
         assert span.parent_id is None or span.parent_id not in spans or span.parent_id in kept, span.name
         assert span.attrs[SUMMARY_ATTR] is True
-    dropped = sum(s.attrs.get(DROPPED_COUNT_ATTR, 0) for _, s in summary.all_spans())
+    dropped = sum(s.attrs.get(DROPPED_COUNT_ATTR, 0) for _, s in all_spans(summary))
     assert dropped == run.span_count() - summary.span_count()
 
 

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reaso
 
 PROGRAM = r"""
 import json, sys
-probe_before_torch = "starttrace.probes.compile" in sys.modules
+probe_before_torch = "starttrace.tracer.probes.compile" in sys.modules
 import torch
 
 
@@ -218,13 +218,13 @@ def test_aot_compile_cold_miss_then_aot_load_hit(tmp_path: Path, clean_env) -> N
     ],
 )
 def test_verdict(delta: dict[str, int], expected: str) -> None:
-    from starttrace.probes.compile import verdict
+    from starttrace.tracer.probes.compile import verdict
 
     assert verdict(delta) == expected
 
 
 def test_verdict_from_events() -> None:
-    from starttrace.probes.compile import verdict
+    from starttrace.tracer.probes.compile import verdict
 
     assert verdict({}, codegen=1) == "miss"  # AOT compile: Inductor generated code, no FX cache asked
     assert verdict({"fxgraph_cache_bypass": 1}, codegen=1) == "miss"

@@ -24,7 +24,7 @@ LINES_PER_WRITER = 400
 WRITER = textwrap.dedent(
     """
     import random, sys, threading
-    from starttrace.journal import JournalWriter, encode
+    from starttrace.tracer.journal import JournalWriter, encode
 
     base, writers, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     journal = JournalWriter(base, first_size=64 * 1024)

@@ -388,7 +388,7 @@ def test_every_process_records_with_the_hot_path_asked_for(ranks: Traced) -> Non
     import importlib.util
 
     pure = os.environ.get("STARTTRACE_PURE_PYTHON", "").strip().lower() in ("1", "true", "on", "yes")
-    built = importlib.util.find_spec("starttrace._hotpath") is not None
+    built = importlib.util.find_spec("starttrace.tracer._hotpath") is not None
     expected = "python" if pure or not built else "c"
     assert {p.record.get("hotpath") for p in ranks.run.processes} == {expected}
 

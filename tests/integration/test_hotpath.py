@@ -1,4 +1,4 @@
-"""The C core of the hot path (starttrace/_hotpath.c) records exactly what the Python code does.
+"""The C core of the hot path (starttrace/tracer/_hotpath.c) records exactly what the Python code does.
 
 One program exercises every case the import hook knows: plain imports (nested), `importlib`, a
 thread, a failing import, a module without a file, a path with a newline, a path that is not
@@ -147,11 +147,13 @@ def test_the_c_core_is_built_and_used(venv_python: str, both_runs: tuple[Run, Ru
     """Where a C compiler is installed (CI: gcc), the install built the C core and tracing uses it."""
     with_c, pure = both_runs
     built = subprocess.run(
-        [venv_python, "-c", "import importlib.util as u; print(u.find_spec('starttrace._hotpath') is not None)"],
+        [venv_python, "-c", "import importlib.util as u; print(u.find_spec('starttrace.tracer._hotpath') is not None)"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
     if shutil.which(os.environ.get("CC", "cc")) is not None:
-        assert built == "True", "a C compiler is here, but `pip install -e .` did not build starttrace/_hotpath.c"
+        assert built == "True", (
+            "a C compiler is here, but `pip install -e .` did not build starttrace/tracer/_hotpath.c"
+        )
     if built == "True":
         assert {p.record.get("hotpath") for p in with_c.processes} == {"c"}
     assert {p.record.get("hotpath") for p in pure.processes} == {"python"}

@@ -206,7 +206,7 @@ def test_fork_after_closerange(
 
 BURST = """
     import os, sys, threading
-    from starttrace import recorder
+    from starttrace.tracer import recorder
     flag, threads = sys.argv[1], int(sys.argv[2])
 
     def burst(t):
@@ -278,7 +278,7 @@ def test_sixteen_processes_write_at_once(
         import subprocess, sys, textwrap
         child = textwrap.dedent('''
             import sys, time
-            from starttrace import recorder
+            from starttrace.tracer import recorder
             sys.path.insert(0, {str(mods)!r})
             while time.time() < {go!r}:
                 time.sleep(0.001)
@@ -422,7 +422,7 @@ def test_no_descriptor_stays_open(
     exactly the descriptors the untraced one holds."""
     program = """
         import os
-        from starttrace import recorder
+        from starttrace.tracer import recorder
         for i in range(3000):  # fills the first segment: the journal opens its next one
             recorder.end(recorder.begin("x", {"pad": "q" * 200}))
         print(sorted(os.listdir("/proc/self/fd")))

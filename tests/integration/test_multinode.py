@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 import pytest
 
-from starttrace.launchers import from_argv
+from starttrace.tracer.launchers import from_argv
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))

@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from starttrace.launchers import from_argv
 from starttrace.sources.journal_reader import read_run
+from starttrace.tracer.launchers import from_argv
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests"))

@@ -36,8 +36,8 @@ NTP_KEYS = ("starttrace.clock.ntp_synced", "starttrace.clock.esterror_us", "star
 # the root marks itself ready (as the uvicorn probe does), starts a traced child, then lives on
 READY_THEN_WAIT = r"""
 import subprocess, sys, time
-from starttrace import boot
-boot.mark_ready({"starttrace.ready.source": "test"})
+from starttrace.tracer import lifecycle
+lifecycle.mark_ready({"starttrace.ready.source": "test"})
 subprocess.run([sys.executable, "-c", "pass"], check=True)
 print("ready", flush=True)
 time.sleep(float(sys.argv[1]))

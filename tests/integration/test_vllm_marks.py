@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from run_spans import named, spans_of
 
-from starttrace.probes.vllm import MANUAL_POINTS, VLLM_MARK_PHASES, mark_phase
 from starttrace.sources.journal_reader import Process, Run, read_run
+from starttrace.tracer.probes.vllm import MANUAL_POINTS, VLLM_MARK_PHASES, mark_phase
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 

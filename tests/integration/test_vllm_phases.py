@@ -75,7 +75,7 @@ RUNNER = r"""
 import enum, json, time
 from typing import NamedTuple
 from vllm.tracing import instrument  # the probe replaced it when vllm.tracing was imported
-from starttrace.probes import vllm as probe
+from starttrace.tracer.probes import vllm as probe
 
 
 class BatchDescriptor(NamedTuple):

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from run_spans import named, spans_named
 
-from starttrace.probes.weights import fs_type
 from starttrace.sources.journal_reader import read_run
+from starttrace.tracer.probes.weights import fs_type
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("safetensors") is None,
@@ -175,11 +175,11 @@ def test_hf_hub_download_is_a_weights_download_span(tmp_path: Path, clean_env) -
 LAZY = r"""
 import json, sys, tempfile, os
 import torch
-before = [m for m in ("starttrace.probes.torch_load", "starttrace.probes.weights") if m in sys.modules]
+before = [m for m in ("starttrace.tracer.probes.torch_load", "starttrace.tracer.probes.weights") if m in sys.modules]
 path = os.path.join(tempfile.mkdtemp(), "w.pt")
 torch.save({"w": torch.zeros(4)}, path)
 torch.load(path)
-after = [m for m in ("starttrace.probes.torch_load", "starttrace.probes.weights") if m in sys.modules]
+after = [m for m in ("starttrace.tracer.probes.torch_load", "starttrace.tracer.probes.weights") if m in sys.modules]
 print(json.dumps({"before": before, "after": after}))
 """
 
@@ -193,10 +193,10 @@ def test_import_torch_loads_only_the_small_torch_load_hook(
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {
-        "before": ["starttrace.probes.torch_load"],
-        "after": ["starttrace.probes.torch_load", "starttrace.probes.weights"],
+        "before": ["starttrace.tracer.probes.torch_load"],
+        "after": ["starttrace.tracer.probes.torch_load", "starttrace.tracer.probes.weights"],
     }
     run = read_run(only_run_dir(journal_root))
     loads = spans_named(run, "weights.load")
     assert [s.attrs["starttrace.weights.format"] for s in loads] == ["torch"]
-    assert not spans_named(run, "import starttrace.probes.weights")
+    assert not spans_named(run, "import starttrace.tracer.probes.weights")

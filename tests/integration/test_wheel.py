@@ -25,7 +25,7 @@ PROGRAM = textwrap.dedent(
 
     def child(queue):
         mod = sys.modules.get("starttrace")
-        queue.put({"starttrace": getattr(mod, "__file__", None), "boot": "starttrace.boot" in sys.modules})
+        queue.put({"starttrace": getattr(mod, "__file__", None), "boot": "starttrace.tracer.boot" in sys.modules})
 
     if __name__ == "__main__":
         ctx = multiprocessing.get_context("spawn")
@@ -62,12 +62,25 @@ def test_wheel_installs_pth_and_traces_spawn_children(
         names = archive.namelist()
         assert "starttrace.pth" in names, "the .pth must sit at the top level of the wheel (-> site-packages)"
         assert archive.read("starttrace.pth") == (REPO / "starttrace.pth").read_bytes()
-        for module in ("boot.py", "recorder.py", "journal.py", "probes/imports.py", "probes/multiprocessing.py"):
-            assert f"starttrace/{module}" in names
+        for module in (
+            "boot.py",
+            "lifecycle.py",
+            "recorder.py",
+            "journal.py",
+            "probes/imports.py",
+            "probes/multiprocessing.py",
+        ):
+            assert f"starttrace/tracer/{module}" in names
         assert not [n for n in names if n.startswith(("tests/", "benchmarks/"))]
         c_cores = sorted(
-            n.split("/")[1].split(".")[0] for n in names if n.startswith("starttrace/_") and n.endswith(".so")
+            n.rsplit("/", 1)[1].split(".")[0] for n in names if n.startswith("starttrace/") and n.endswith(".so")
         )
+        # each C core sits beside its source (hatch_build.SOURCES): the hot path's in starttrace/tracer/
+        beside = {"_hotpath": "starttrace/tracer/"}
+        for n in names:
+            if n.endswith(".so"):
+                folder, _, file = n.rpartition("/")
+                assert beside.get(file.split(".")[0]) == folder + "/", n
         c_core = "_hotpath" in c_cores
         if pure:
             assert c_cores == [] and wheel.name.endswith("-py3-none-any.whl"), (wheel.name, c_cores)

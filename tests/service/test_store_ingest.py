@@ -16,9 +16,10 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from starttrace.run import SPAN_SCHEMA, column_values, decode_attrs
+from starttrace.run.otlp_attrs import span_attrs
 from starttrace.sources import store as store_module
 from starttrace.sources.batches import unpack_spans
-from starttrace.sources.otlp import decode, span_attrs
+from starttrace.sources.otlp import decode
 from starttrace.sources.store import IngestBatch, ProcessBatch, SpanTuple, Store
 
 _TUPLE_COLS = ["span_id", "parent_id", "name", "start", "end", "in_progress", "instant", "attrs", "error", "thread"]
@@ -205,6 +206,10 @@ def test_every_column_round_trips(tmp_path: Path) -> None:
     st.ingest_now(decode(req.SerializeToString()).batch)
     res = {"starttrace.run_id": "r", "service.instance.id": "journal"}
     st.ingest_now(IngestBatch(processes=[ProcessBatch(source="journal", resource=res, spans=journal)]))
+    # the journal watcher's form: the column attributes read by the journal reader, handed on as they are
+    read = [("ab" * 16, "00000000000000k1", None, "import y", 7, 8, 0, 0, '{"a":1}', None, 3, "import", "y", 2.0, None)]
+    res = {"starttrace.run_id": "r", "service.instance.id": "read"}
+    st.ingest_now(IngestBatch(processes=[ProcessBatch(source="journal", resource=res, spans=read)]))
     rows = st.load_rows("r")
     assert rows is not None
     got = _rows(rows.spans)
@@ -231,6 +236,10 @@ def test_every_column_round_trips(tmp_path: Path) -> None:
         None,
     )
     assert json.loads(j1["attrs"]) == json.loads(journal[0][8]) and j1["attrs_pb"] is None
+    k1 = got["00000000000000k1"]
+    assert (k1["in_progress"], k1["instant"], k1["phase"], k1["module"], k1["self_us"], k1["attrs"]) == (
+        False, False, "import", "y", 2.0, '{"a":1}'
+    )  # fmt: skip
     # times past int64 are clamped (as the journal reader's table does), a thread id past it is left out
     assert (j2["start"], j2["instant"], j2["error"], j2["thread"], j2["attrs"]) == (2**63 - 1, True, "Err", None, None)
     st.close()

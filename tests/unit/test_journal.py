@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from run_spans import spans_of
 
-from starttrace.journal import JournalWriter, encode, quote
 from starttrace.sources.journal_files import journal_files, journal_lines
 from starttrace.sources.journal_reader import EmptyRun, RunNotFound, find_run_dir, list_run_dirs, read_run
+from starttrace.tracer.journal import JournalWriter, encode, quote
 
 NASTY = [
     "",
@@ -329,7 +329,7 @@ def test_writer_keeps_no_descriptor_and_its_mappings_outlive_it(tmp_path: Path) 
     import gc
     import weakref
 
-    from starttrace import journal
+    from starttrace.tracer import journal
 
     def open_fds() -> set[int]:
         return {int(n) for n in os.listdir("/proc/self/fd")}

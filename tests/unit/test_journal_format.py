@@ -10,7 +10,6 @@ from pathlib import Path
 from run_spans import spans_of
 
 from starttrace.follower import ReadyWatch
-from starttrace.journal import JournalWriter, encode
 from starttrace.sources.journal_files import (
     all_journal_files,
     journal_files,
@@ -20,6 +19,7 @@ from starttrace.sources.journal_files import (
     used_bytes,
 )
 from starttrace.sources.journal_reader import read_run
+from starttrace.tracer.journal import JournalWriter, encode
 
 ROOT_SPAN = "0" * 15 + "1"
 

@@ -1,5 +1,5 @@
 """One run per job: the run id and trace id each node derives from its launcher's key
-(starttrace/launchers.py), and what a root process records about its job and clock domain."""
+(starttrace/tracer/launchers.py), and what a root process records about its job and clock domain."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from starttrace.launchers import Job, clean_run_id, command_of, fnv1a_128, from_argv, identify
 from starttrace.sources.journal_reader import read_run
+from starttrace.tracer.launchers import Job, clean_run_id, command_of, fnv1a_128, from_argv, identify
 
 PY = "/venv/bin/python"
 TORCHRUN = [PY, "/venv/bin/torchrun"]

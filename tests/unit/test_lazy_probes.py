@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from run_spans import named, spans_of
 
-from starttrace import recorder
-from starttrace.probes import LAZY_PROBES
 from starttrace.sources.journal_reader import Process, Run, read_run
+from starttrace.tracer import recorder
+from starttrace.tracer.probes import LAZY_PROBES
 
 
 @pytest.mark.parametrize("probe", sorted(LAZY_PROBES))
@@ -48,21 +48,21 @@ def _traced(tmp_path: Path, program: str, *argv: str) -> tuple[dict[str, Any], R
 PROBED = """
 import json, sys
 {imports}
-print(json.dumps({{"loaded": sorted(m for m in sys.modules if m.startswith("starttrace.probes.")),
+print(json.dumps({{"loaded": sorted(m for m in sys.modules if m.startswith("starttrace.tracer.probes.")),
                    "patched": {check}}}))
 """
 
 
 def test_a_plain_program_loads_no_library_probe(tmp_path: Path) -> None:
     out, _run, process = _traced(tmp_path, PROBED.format(imports="import json", check="None"))
-    assert out["loaded"] == ["starttrace.probes.imports", "starttrace.probes.multiprocessing"]
+    assert out["loaded"] == ["starttrace.tracer.probes.imports", "starttrace.tracer.probes.multiprocessing"]
     assert process.resource["starttrace.probes.installed"] == ["imports", "multiprocessing"]
 
 
 def test_uvicorn_probe_loads_on_first_import_and_patches(tmp_path: Path) -> None:
     check = 'getattr(sys.modules["uvicorn.server"].Server.main_loop, "__starttrace__", False)'
     out, run, process = _traced(tmp_path, PROBED.format(imports="import uvicorn.server", check=check))
-    assert "starttrace.probes.servers" in out["loaded"] and out["patched"] is True
+    assert "starttrace.tracer.probes.servers" in out["loaded"] and out["patched"] is True
     assert process.resource["starttrace.probes.installed"] == ["imports", "multiprocessing", "servers"]
     spans = spans_of(run, process)
     names = {s.name for s in spans}
@@ -84,7 +84,7 @@ def test_torch_probe_loads_with_torch_and_patches_distributed(tmp_path: Path) ->
     pytest.importorskip("torch")
     check = 'getattr(sys.modules["torch.distributed"].init_process_group, "__starttrace__", False)'
     out, run, process = _traced(tmp_path, PROBED.format(imports="import torch, torch.distributed", check=check))
-    assert "starttrace.probes.torch" in out["loaded"] and "starttrace.probes.vllm" not in out["loaded"]
+    assert "starttrace.tracer.probes.torch" in out["loaded"] and "starttrace.tracer.probes.vllm" not in out["loaded"]
     assert out["patched"] is True
     assert "torch" in process.resource["starttrace.probes.installed"]
     assert not any(s.name.startswith("import starttrace") for s in spans_of(run, process))
@@ -93,5 +93,5 @@ def test_torch_probe_loads_with_torch_and_patches_distributed(tmp_path: Path) ->
 def test_vllm_probe_loads_at_activation_when_argv_names_vllm(tmp_path: Path) -> None:
     """The vLLM probe reads the role from the command line, so it cannot wait for an import."""
     out, _run, process = _traced(tmp_path, PROBED.format(imports="", check="None"), "serve", "--model", "x", "vllm")
-    assert "starttrace.probes.vllm" in out["loaded"]
+    assert "starttrace.tracer.probes.vllm" in out["loaded"]
     assert "vllm" in process.resource["starttrace.probes.installed"]

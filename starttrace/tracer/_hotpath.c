@@ -1,4 +1,4 @@
-/* starttrace._hotpath: the C core of the hot path (optional; the pure-Python code does the same).
+/* starttrace.tracer._hotpath: the C core of the hot path (optional; the pure-Python code does the same).
 
    Two things run for every event a traced process records, and here they cost a few hundred
    instructions instead of thousands (docs/benchmarks.md, "instructions per import span"):
@@ -120,7 +120,7 @@ static PyMethodDef Segment_methods[] = {
 
 static PyTypeObject SegmentType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "starttrace._hotpath.Segment",
+    .tp_name = "starttrace.tracer._hotpath.Segment",
     .tp_basicsize = sizeof(Segment),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A journal segment's mapping, written at a position of its own.",
@@ -308,7 +308,7 @@ next_span_id(ImportHook *self)
     PyObject *refill = PyDict_GetItemWithError(self->rec, str_refill);
     if (refill == NULL) {
         if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_RuntimeError, "starttrace.recorder.refill_span_ids is missing");
+            PyErr_SetString(PyExc_RuntimeError, "starttrace.tracer.recorder.refill_span_ids is missing");
         }
         return NULL;
     }
@@ -436,7 +436,7 @@ ImportHook_vectorcall(ImportHook *self, PyObject *const *args, size_t nargsf, Py
         parent = PyDict_GetItemWithError(self->rec, str_process_span);
         if (parent == NULL) {
             if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_RuntimeError, "starttrace.recorder.process_span_id is missing");
+                PyErr_SetString(PyExc_RuntimeError, "starttrace.tracer.recorder.process_span_id is missing");
             }
             goto error;
         }
@@ -588,7 +588,7 @@ static PyGetSetDef ImportHook_getset[] = {
 
 static PyTypeObject ImportHookType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "starttrace._hotpath.ImportHook",
+    .tp_name = "starttrace.tracer._hotpath.ImportHook",
     .tp_basicsize = sizeof(ImportHook),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "importlib's _find_and_load, recording the common import span in C (see probes/imports.py).",
@@ -604,7 +604,7 @@ static PyTypeObject ImportHookType = {
 
 static struct PyModuleDef hotpath_module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "starttrace._hotpath",
+    .m_name = "starttrace.tracer._hotpath",
     .m_doc = "The C core of starttrace's hot path: journal segments and the common import span.",
     .m_size = -1,
 };

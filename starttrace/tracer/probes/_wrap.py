@@ -5,10 +5,9 @@ the probe list published on the process (`note_attached`, `note_missing`), and p
 Hot path: standard library only.
 """
 
-import sys
 from _thread import get_ident
 
-from starttrace import recorder
+from starttrace.tracer import lifecycle, recorder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -56,13 +55,10 @@ publish_probe_list = _publish_probe_list
 
 
 def set_role_and_attrs(attrs: "Attrs") -> None:
-    """Set process identity; the role also goes through boot.set_role (boot keeps it in state)."""
+    """Set process identity; the role also goes through lifecycle.set_role (kept in its state)."""
     role = attrs.get("starttrace.role")
     if role:
-        boot = sys.modules.get("starttrace.boot")
-        set_role = getattr(boot, "set_role", None)
-        if set_role is not None:
-            set_role(role)
+        lifecycle.set_role(role)
     recorder.set_process_attrs(attrs)
 
 

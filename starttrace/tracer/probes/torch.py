@@ -24,9 +24,9 @@ import os
 import sys
 from time import monotonic_ns
 
-from starttrace import recorder
-from starttrace.probes import _wrap
-from starttrace.probes._wrap import (
+from starttrace.tracer import recorder
+from starttrace.tracer.probes import _wrap
+from starttrace.tracer.probes._wrap import (
     _begin_quietly,
     _end_quietly,
     _mark,
@@ -462,4 +462,4 @@ def _ranks_key(ranks: list[int]) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# shared helpers (also used by starttrace.probes.vllm and starttrace.probes.servers)
+# shared helpers (also used by starttrace.tracer.probes.vllm and starttrace.tracer.probes.servers)

@@ -255,6 +255,6 @@ def _load_mmap():  # type: ignore[no-untyped-def]
 _mmap = None
 
 
-# The C core of the hot path (starttrace/_hotpath.c) once boot chose it at activation
+# The C core of the hot path (starttrace/tracer/_hotpath.c) once boot chose it at activation
 # (`boot._load_hotpath`); None: the Python code writes the same records (mmap.write).
 hotpath = None

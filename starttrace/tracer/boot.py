@@ -5,14 +5,42 @@ set. Standard library only, and only modules that are already loaded at that poi
 traced program's own import record starts complete: the two it needs beyond those (`atexit`, and
 `mmap` for the journal) are removed from `sys.modules` again and named in the process record
 (`footprint`, docs/journal.md). No `from __future__ import annotations`: it would load `__future__`.
+
+What the probes call during the process's life (its state, `set_role`, `mark_ready`, ...) is in
+lifecycle.py, which boot fills at activation: the probes import it, never boot.
 """
 
 import os
 import sys
 from time import monotonic_ns, time_ns
 
-from starttrace import journal, recorder
-from starttrace.journal import FORMAT_VERSION, JournalWriter, encode, quote
+from starttrace.tracer import journal, recorder
+from starttrace.tracer.journal import FORMAT_VERSION, JournalWriter, encode, quote
+from starttrace.tracer.lifecycle import (
+    ENV_ANCHOR,
+    ENV_DIR,
+    ENV_DISABLED,
+    ENV_INTERNAL,
+    ENV_LAUNCH_NS,
+    ENV_NEW_RUN_ID,
+    ENV_PARENT_PID,
+    ENV_PARENT_SPAN,
+    ENV_PURE_PYTHON,
+    ENV_ROOT_SPAN,
+    ENV_RUN_DIR,
+    ENV_RUN_ID,
+    ENV_START_METHOD,
+    ENV_TRACE_ID,
+    OFF_VALUES,
+    ON_VALUES,
+    SWITCH_VARS,
+    auto_export_endpoint,
+    export_run_environment,
+    flag_cuda_before_fork,
+    record_clock_state,
+    service_name,
+    state,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,58 +48,6 @@ if TYPE_CHECKING:
     from typing import Any
 else:
     Any = object  # annotations are evaluated at run time here (see the module docstring)
-
-SWITCH_VARS = ("STARTTRACE", "VLLM_STARTTRACE")
-ON_VALUES = frozenset({"1", "true", "on", "yes"})
-OFF_VALUES = frozenset({"", "0", "false", "off", "no"})
-
-ENV_RUN_ID = "STARTTRACE_RUN_ID"
-ENV_RUN_DIR = "STARTTRACE_RUN_DIR"
-ENV_TRACE_ID = "STARTTRACE_TRACE_ID"
-ENV_ROOT_SPAN = "STARTTRACE_ROOT_SPAN"
-ENV_PARENT_SPAN = "STARTTRACE_PARENT_SPAN"
-ENV_PARENT_PID = "STARTTRACE_PARENT_PID"
-ENV_START_METHOD = "STARTTRACE_START_METHOD"
-ENV_LAUNCH_NS = "STARTTRACE_LAUNCH_NS"
-ENV_SERVICE = "STARTTRACE_SERVICE_NAME"
-ENV_DIR = "STARTTRACE_DIR"
-ENV_MIN_IMPORT_US = "STARTTRACE_MIN_IMPORT_US"
-ENV_PURE_PYTHON = "STARTTRACE_PURE_PYTHON"  # on: ignore the C core of the hot path
-ENV_ANCHOR = "STARTTRACE_ANCHOR"
-ENV_NEW_RUN_ID = "STARTTRACE_NEW_RUN_ID"
-ENV_DISABLED = "STARTTRACE_DISABLED"  # set when the run could not be recorded: children stay off
-ENV_INTERNAL = "STARTTRACE_INTERNAL"  # set in starttrace's own helper processes: never traced
-
-
-class ProcessState:
-    """What this process knows about itself and its run (one instance, module-global)."""
-
-    run_id = ""
-    run_dir = ""
-    trace_id = ""
-    root_span = ""
-    is_root = False
-    method = "exec"
-    created = 0
-    activated = 0
-    ready = False
-    ended = False
-    in_launch = 0  # > 0 while a multiprocessing Process.start() runs in this process
-    fork_span = ""
-    fork_started = 0
-    bootstrap_span = ""
-    role = ""
-    instance_id = ""
-    activation_seen = False
-    exit_status: object = None  # set to _NO_STATUS at activation; sys.exit(status) records it
-    # One clock anchor for the whole run (the root's), so every lane converts monotonic time to
-    # epoch time the same way and lanes of different processes line up exactly.
-    anchor_mono = 0
-    anchor_epoch = 0
-    parent_of_root: str | None = None
-
-
-state = ProcessState()
 
 
 def switch_value(environ: Any = None) -> tuple[str, str]:
@@ -162,8 +138,8 @@ def _activate() -> None:
     # so that none of starttrace's own imports shows up as the traced program's.
     _load_atexit()
     _load_hotpath(environ)
-    from starttrace import nodeinfo  # noqa: F401  (used by _initial_identity, after the record)
-    from starttrace.probes import load_all
+    from starttrace.tracer import nodeinfo  # noqa: F401  (used by _initial_identity, after the record)
+    from starttrace.tracer.probes import load_all
 
     probes = load_all()
     _hide_footprint(before)
@@ -175,7 +151,7 @@ def _activate() -> None:
         # the program's own `import mmap` will not load its shared library again: credit the cost
         recorder.credit_import("mmap", cost)
     if state.is_root:
-        _export_run_environment()
+        export_run_environment()
         _start_follower()
     _install_process_hooks()
     _install_probes(probes)
@@ -185,9 +161,10 @@ def _create_run(now: int) -> None:
     environ = os.environ
     trace_id, parent_span = parse_traceparent(environ.get("TRACEPARENT") or environ.get("traceparent") or "")
     state.is_root = True
-    from starttrace import launchers  # a job of several nodes: one run id and trace id for all of them
+    from starttrace.tracer import launchers  # a job of several nodes: one run id and trace id for all of them
 
     job = launchers.identify(environ, getattr(sys, "orig_argv", sys.argv), trace_id)
+    state.job = job
     state.trace_id = (job.trace_id if job else trace_id) or os.urandom(16).hex()
     state.root_span = recorder.new_span_id()
     import time as _time  # a builtin module: importing it loads nothing new
@@ -222,35 +199,6 @@ def _create_run(now: int) -> None:
     state.parent_of_root = parent_span
 
 
-def _export_run_environment() -> None:
-    environ = os.environ
-    environ[ENV_RUN_ID] = state.run_id
-    environ[ENV_RUN_DIR] = state.run_dir
-    environ[ENV_TRACE_ID] = state.trace_id
-    environ[ENV_ROOT_SPAN] = state.root_span
-    environ[ENV_ANCHOR] = f"{state.anchor_mono}:{state.anchor_epoch}"
-    environ.setdefault(ENV_SERVICE, service_name())
-    # vLLM reads and writes the lowercase W3C header: its own startup spans join this trace.
-    environ["traceparent"] = f"00-{state.trace_id}-{state.root_span}-01"
-
-
-def otlp_endpoint(environ: "Mapping[str, str] | None" = None) -> "str | None":
-    environ = os.environ if environ is None else environ
-    specific = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-    if specific:
-        return specific
-    general = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    return general.rstrip("/") + "/v1/traces" if general else None
-
-
-def auto_export_endpoint(environ: "Mapping[str, str] | None" = None) -> "str | None":
-    """The endpoint a root's follower exports the run to (an OTLP endpoint is configured and
-    STARTTRACE_OTLP_AUTO is not 0); None: the run is known from its journals only."""
-    environ = os.environ if environ is None else environ
-    endpoint = otlp_endpoint(environ)
-    return endpoint if endpoint and environ.get("STARTTRACE_OTLP_AUTO", "1") != "0" else None
-
-
 def _start_follower() -> None:
     """With an OTLP endpoint configured, a detached helper exports the run (see export/follower.py)."""
     endpoint = auto_export_endpoint()
@@ -274,24 +222,6 @@ def parse_traceparent(value: str) -> tuple[str, str | None]:
     if not all(c in hexdigits for c in trace_id + span_id) or int(trace_id, 16) == 0 or int(span_id, 16) == 0:
         return "", None
     return trace_id, span_id
-
-
-def service_name() -> str:
-    environ = os.environ
-    name = environ.get(ENV_SERVICE) or environ.get("OTEL_SERVICE_NAME")
-    if name:
-        return name
-    argv = list(getattr(sys, "orig_argv", sys.argv))
-    if "-m" in argv[1:]:
-        index = argv.index("-m", 1)
-        if index + 1 < len(argv):
-            return argv[index + 1].split(".")[0]
-    if "-c" in argv[1:]:
-        return "python"
-    for arg in argv[1:]:
-        if not arg.startswith("-"):
-            return os.path.splitext(os.path.basename(arg))[0] or "python"
-    return os.path.basename(argv[0]) if argv else "python"
 
 
 def process_start_monotonic(pid: int | str = "self") -> tuple[int, bytes] | None:
@@ -429,9 +359,9 @@ def _initial_identity() -> None:
                 attrs[key] = int(value)
     elif state.is_root:
         attrs["starttrace.role"] = "main"
-    from starttrace import nodeinfo  # clock domain, host id, job keys (docs/multinode.md)
+    from starttrace.tracer import nodeinfo  # clock domain, host id, job keys (docs/multinode.md)
 
-    attrs.update(nodeinfo.process_attrs(environ, state.is_root))
+    attrs.update(nodeinfo.process_attrs(environ, state.is_root, state.job))
     recorder.set_process_attrs(attrs)
 
 
@@ -448,7 +378,7 @@ _atexit: Any = None
 
 
 def _load_hotpath(environ: "Mapping[str, str]") -> None:
-    """Use the C core of the hot path (starttrace/_hotpath.c, built at install where a C compiler
+    """Use the C core of the hot path (starttrace/tracer/_hotpath.c, built at install where a C compiler
     is there) for the journal and the import probe, unless STARTTRACE_PURE_PYTHON is on (the
     switch's values); without it, the Python code writes the same records."""
     value = (environ.get(ENV_PURE_PYTHON) or "").strip().lower()
@@ -457,7 +387,7 @@ def _load_hotpath(environ: "Mapping[str, str]") -> None:
     if value not in OFF_VALUES:
         recorder.report(f"ignoring {ENV_PURE_PYTHON}={value!r}: use 1/true/on/yes or 0/false/off/no")
     try:
-        from starttrace import _hotpath  # type: ignore[attr-defined]
+        from starttrace.tracer import _hotpath  # type: ignore[attr-defined]
     except ImportError:
         return
     journal.hotpath = _hotpath
@@ -499,7 +429,7 @@ def _install_process_hooks() -> None:
 
 
 def _install_probes(probes: list[Any]) -> None:
-    from starttrace.probes import install_all
+    from starttrace.tracer.probes import install_all
 
     install_all(probes)
 
@@ -514,14 +444,7 @@ def _end_process(exit_code: int | None) -> None:
     recorder.end(recorder.process_span_id, attrs or None)
     if state.is_root and not state.ready:
         recorder.end(state.root_span, {"starttrace.ended_by": "root_exit"})
-    _record_clock_state(reap=False)  # at exit: init reaps the helper
-
-
-def _record_clock_state(reap: bool) -> None:
-    """The NTP state of a journal-only run, read off the traced processes (with a follower, the
-    follower measures it): once per root, at its ready or exit."""
-    if state.is_root and auto_export_endpoint() is None:
-        sys.modules["starttrace.nodeinfo"].record_clock_later(state.run_dir, state.root_span, reap)
+    record_clock_state(reap=False)  # at exit: init reaps the helper
 
 
 def _at_exit() -> None:
@@ -600,24 +523,6 @@ def _make_fork_wrapper(real_fork: Any) -> Any:
     return fork
 
 
-def flag_cuda_before_fork(attrs: dict[str, Any]) -> None:
-    """About to fork or launch: if this process initialized CUDA, say so on the span (`attrs`)
-    and on the process (the CUDA-clean audit)."""
-    if _cuda_initialized():
-        attrs["starttrace.cuda_before_fork"] = True
-        recorder.set_process_attrs({"starttrace.cuda_before_fork": True})
-
-
-def _cuda_initialized() -> bool:
-    torch_probe = sys.modules.get("starttrace.probes.torch")
-    if torch_probe is None:
-        return False
-    try:
-        return bool(torch_probe.cuda_initialized())
-    except Exception:
-        return False
-
-
 def _after_fork_in_child() -> None:
     try:
         if not recorder.active():
@@ -652,44 +557,3 @@ def _after_fork_in_child() -> None:
     except Exception as exc:
         recorder.report(f"fork child setup failed: {type(exc).__name__}: {exc}", key="fork-child")
         recorder.detach()
-
-
-def end_bootstrap(attrs: dict[str, Any] | None = None) -> None:
-    """Called by the multiprocessing probe when the child's target starts."""
-    if state.bootstrap_span:
-        recorder.end(state.bootstrap_span, attrs)
-        state.bootstrap_span = ""
-
-
-def set_role(role: str) -> None:
-    state.role = role
-    recorder.set_process_attrs({"starttrace.role": role})
-
-
-def mark_process_ready(attrs: dict[str, Any] | None = None) -> None:
-    """This process has finished starting (a worker in its busy loop, a helper serving)."""
-    try:
-        if recorder.active():
-            ready_attrs: dict[str, Any] = {"starttrace.phase": "ready"}
-            if attrs:
-                ready_attrs.update(attrs)
-            recorder.instant("process.ready", ready_attrs, parent=recorder.process_span_id)
-    except Exception as exc:
-        recorder.report(f"mark_process_ready failed: {type(exc).__name__}: {exc}", key="process-ready")
-
-
-def mark_ready(attrs: dict[str, Any] | None = None) -> None:
-    """The server answers: record `ready`, end this process's span and the run's `startup` span."""
-    try:
-        if not recorder.active() or state.ready:
-            return
-        state.ready = True
-        ready_attrs: dict[str, Any] = {"starttrace.phase": "ready"}
-        if attrs:
-            ready_attrs.update(attrs)
-        recorder.instant("ready", ready_attrs, parent=recorder.process_span_id)
-        if state.root_span:
-            recorder.end(state.root_span, {"starttrace.ended_by": "ready"})
-        _record_clock_state(reap=True)
-    except Exception as exc:
-        recorder.report(f"mark_ready failed: {type(exc).__name__}: {exc}", key="ready")

@@ -18,9 +18,9 @@ Roles (process attribute `starttrace.role`):
 import sys
 from _thread import get_ident
 
-from starttrace import recorder
-from starttrace.probes import _wrap as wrap
-from starttrace.probes._wrap import (
+from starttrace.tracer import lifecycle, recorder
+from starttrace.tracer.probes import _wrap as wrap
+from starttrace.tracer.probes._wrap import (
     _mark,
     note_attached,
     note_missing,
@@ -571,10 +571,8 @@ def _instrument_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
 
 
 def _epoch_to_mono(epoch_ns: int) -> int:
-    boot = sys.modules.get("starttrace.boot")
-    state = getattr(boot, "state", None)
-    anchor_mono = getattr(state, "anchor_mono", 0)
-    anchor_epoch = getattr(state, "anchor_epoch", 0)
+    anchor_mono = lifecycle.state.anchor_mono
+    anchor_epoch = lifecycle.state.anchor_epoch
     if not anchor_epoch:
         from time import monotonic_ns, time_ns
 
@@ -583,7 +581,7 @@ def _epoch_to_mono(epoch_ns: int) -> int:
 
 
 def _compile_probe_active() -> bool:
-    probe = sys.modules.get("starttrace.probes.compile")
+    probe = lifecycle.loaded_probes.get("compile")
     return bool(getattr(probe, "active", False))
 
 
@@ -652,7 +650,7 @@ def _vllm_backend_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", resul
     path = getattr(config, "local_cache_dir", None)
     if not isinstance(path, str) or not path:
         return None
-    compile_probe = sys.modules.get("starttrace.probes.compile")
+    compile_probe = lifecycle.loaded_probes.get("compile")
     note = getattr(compile_probe, "note_cache_dir", None)
     if note is not None:
         note(path)
@@ -676,7 +674,7 @@ def _aot_load_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
         if recorder._writer is None:
             return original(*args, **kwargs)
         start = monotonic_ns()
-        compile_probe = sys.modules.get("starttrace.probes.compile")
+        compile_probe = lifecycle.loaded_probes.get("compile")
         graphs_before = getattr(getattr(compile_probe, "stats", None), "graphs", 0)
         result = original(*args, **kwargs)
         try:

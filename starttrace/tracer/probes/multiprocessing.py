@@ -22,7 +22,7 @@ import os
 import sys
 from time import monotonic_ns
 
-from starttrace import boot, recorder
+from starttrace.tracer import lifecycle, recorder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def _read_extra_preload() -> None:
         else:
             bad.append(name)
     _extra_preload[:] = names
-    if not boot.state.is_root:
+    if not lifecycle.state.is_root:
         return
     if bad:
         recorder.report(f"{ENV_PRELOAD}: ignoring {', '.join(map(repr, bad))}: not module names")
@@ -84,10 +84,10 @@ def _add_extra_preload(server: "Any") -> list[str]:
 def launch_variables(span_id: str, method: str) -> dict[str, str]:
     """What a child started by exec reads to find the span that launched it (see boot._activate)."""
     return {
-        boot.ENV_PARENT_SPAN: span_id,
-        boot.ENV_PARENT_PID: str(os.getpid()),
-        boot.ENV_START_METHOD: method,
-        boot.ENV_LAUNCH_NS: str(monotonic_ns()),
+        lifecycle.ENV_PARENT_SPAN: span_id,
+        lifecycle.ENV_PARENT_PID: str(os.getpid()),
+        lifecycle.ENV_START_METHOD: method,
+        lifecycle.ENV_LAUNCH_NS: str(monotonic_ns()),
     }
 
 
@@ -146,7 +146,7 @@ def _patch_process(module: "Any") -> None:
             "starttrace.process_name": str(getattr(self, "_name", "")),
             "starttrace.start_method": method or "",
         }
-        boot.flag_cuda_before_fork(attrs)
+        lifecycle.flag_cuda_before_fork(attrs)
 
         def end_attrs() -> "dict[str, Any]":
             result: dict[str, Any] = {"starttrace.child_pid": int(self.pid or 0)}
@@ -155,11 +155,11 @@ def _patch_process(module: "Any") -> None:
                 result["starttrace.start_method"] = actual
             return result
 
-        boot.state.in_launch += 1
+        lifecycle.state.in_launch += 1
         try:
             _record_launch("process.launch", attrs, lambda: original_start(self), end_attrs)
         finally:
-            boot.state.in_launch -= 1
+            lifecycle.state.in_launch -= 1
 
     def _bootstrap(self: "Any", *args: "Any", **kwargs: "Any") -> "Any":
         if recorder.active():
@@ -214,7 +214,7 @@ def _enter_child(process: "Any") -> None:
 
     def run(*args: "Any", **kwargs: "Any") -> "Any":
         process.run = original_run  # one-shot: restore the bound method
-        boot.end_bootstrap({"starttrace.process_name": name})
+        lifecycle.end_bootstrap({"starttrace.process_name": name})
         return original_run(*args, **kwargs)
 
     process.run = run
@@ -233,7 +233,7 @@ def _patch_forkserver(module: "Any") -> None:
             attrs: dict[str, Any] = {"starttrace.phase": "forkserver", "starttrace.preload": preload}
             if added:
                 attrs["starttrace.preload_added"] = added
-            boot.flag_cuda_before_fork(attrs)
+            lifecycle.flag_cuda_before_fork(attrs)
             _record_launch(
                 "forkserver.start",
                 attrs,
@@ -261,8 +261,8 @@ def _patch_forkserver(module: "Any") -> None:
         if not recorder.active():
             return original_main(listener_fd, alive_r, preload, main_path, sys_path, *args, **kwargs)
         try:
-            boot.set_role("forkserver")
-            boot.end_bootstrap()
+            lifecycle.set_role("forkserver")
+            lifecycle.end_bootstrap()
             if preload:
                 # what multiprocessing's main does with a preload (its own is then skipped): 3.14's
                 # sets sys.argv (gh-143706) and sys.path (gh-117378) first, imports __main__ from
@@ -337,7 +337,7 @@ def _preload(forkserver: "Any", modules: list[str], main_path: "Any") -> None:
         recorder.end(outer, {"starttrace.preload_failed": failed}, error=f"{type(exc).__name__}: {exc}")
         raise
     end_attrs: dict[str, Any] = {"starttrace.preload_failed": failed}
-    boot.flag_cuda_before_fork(end_attrs)
+    lifecycle.flag_cuda_before_fork(end_attrs)
     recorder.end(outer, end_attrs)
 
 
@@ -398,10 +398,10 @@ def _patch_resource_tracker(module: "Any") -> None:
 
     def main(*args: "Any", **kwargs: "Any") -> "Any":
         try:
-            boot.set_role("helper")
+            lifecycle.set_role("helper")
             recorder.set_process_attrs({"starttrace.process_name": "resource_tracker"})
-            boot.end_bootstrap()
-            boot.mark_process_ready({"starttrace.reason": "resource tracker serving"})
+            lifecycle.end_bootstrap()
+            lifecycle.mark_process_ready({"starttrace.reason": "resource tracker serving"})
         except Exception as exc:
             recorder.report(f"resource tracker probe failed: {exc}", key="resource-tracker")
         return tracker_main(*args, **kwargs)
@@ -490,7 +490,7 @@ def _child_environment(env: "Any", extra: dict[str, str]) -> dict[str, str]:
     else:
         merged = {str(k): str(v) for k, v in env.items()}
         for key, value in os.environ.items():
-            if key.startswith("STARTTRACE") or key in boot.SWITCH_VARS or key == "traceparent":
+            if key.startswith("STARTTRACE") or key in lifecycle.SWITCH_VARS or key == "traceparent":
                 merged.setdefault(key, value)
     merged.update(extra)
     return merged

@@ -40,6 +40,8 @@ def journal_cut(warnings: Iterable[str]) -> str | None:
 # the reason a run's `problems` give for a launched child that is not Python (no journal expected;
 # the text report folds these into one line)
 NOT_PYTHON = "not a Python process"
+
+
 def int_or_none(value: Any) -> int | None:
     """An attribute value as an int (None for a missing, bool or non-numeric value)."""
     if value is None or isinstance(value, bool):
@@ -167,7 +169,7 @@ def spans_table(spans: Iterable[tuple[str, Span]]) -> pl.DataFrame:
 def decode_attrs(text: str | None, raw: bytes | None) -> dict[str, Any]:
     """A span's attributes from its `attrs` / `attrs_pb` cells."""
     if raw:
-        from starttrace.sources.otlp import span_attrs  # the protobuf decoder: only for OTLP rows
+        from starttrace.run.otlp_attrs import span_attrs  # protobuf: imported only for OTLP rows
 
         return span_attrs(bytes(raw))
     if text:
@@ -271,7 +273,9 @@ class Run:
         return self.spans.filter(pl.col("lane") == process.instance_id)
 
     def process_span(self, process: Process) -> Span | None:
-        rows = self.spans.filter((pl.col("lane") == process.instance_id) & (pl.col("span_id") == process.process_span_id))
+        rows = self.spans.filter(
+            (pl.col("lane") == process.instance_id) & (pl.col("span_id") == process.process_span_id)
+        )
         return span_of(rows.row(0, named=True)) if process.process_span_id and rows.height else None
 
     def root_owner(self, span: Span) -> Process | None:

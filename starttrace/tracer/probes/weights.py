@@ -27,8 +27,8 @@ page cache did not have; all threads; 0 on filesystems that do not count it, suc
 import os
 import sys
 
-from starttrace import recorder
-from starttrace.probes._wrap import _mark, note_attached, note_missing, publish_probe_list, traced
+from starttrace.tracer import recorder
+from starttrace.tracer.probes._wrap import _mark, note_attached, note_missing, publish_probe_list, traced
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def _load_libc() -> "Any":
     if _libc.handle is not None or _libc.failed:
         return _libc.handle
     try:
-        from starttrace.probes import import_unrecorded
+        from starttrace.tracer.probes import import_unrecorded
 
         # torch and numpy load ctypes anyway; past the import probe, as it is not the program's import
         ctypes = import_unrecorded("ctypes")

@@ -95,17 +95,12 @@ class Job:
         return out
 
 
-current: Job | None = None  # this root's job, once identified (its attributes go on the root process)
-
-
 def identify(environ: Mapping[str, str], argv: Sequence[str], incoming_trace: str = "") -> Job | None:
-    """The job a new root process belongs to, or None (a run of its own, as on one host); also
-    remembered in `current`.
+    """The job a new root process belongs to, or None (a run of its own, as on one host); boot
+    keeps it in `lifecycle.state.job`.
 
     `incoming_trace`: the trace id of a valid incoming TRACEPARENT (boot parses it)."""
-    global current
-    current = _identify(environ, argv, incoming_trace)
-    return current
+    return _identify(environ, argv, incoming_trace)
 
 
 def _identify(environ: Mapping[str, str], argv: Sequence[str], incoming_trace: str) -> Job | None:

@@ -38,8 +38,8 @@ import sys
 from _thread import get_ident
 from time import monotonic_ns
 
-from starttrace import recorder
-from starttrace.probes._wrap import _mark, note_attached, note_missing, publish_probe_list
+from starttrace.tracer import recorder
+from starttrace.tracer.probes._wrap import _mark, note_attached, note_missing, publish_probe_list
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

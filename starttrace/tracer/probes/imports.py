@@ -13,7 +13,7 @@ instructions). Anything unusual (another thread, `importlib`, held-back spans, a
 import, a probe waiting for this module, a full journal segment) takes the recorder's general
 path and its JSON records.
 
-Where the hot path's C core is built (`starttrace/_hotpath.c`), its `ImportHook` takes the
+Where the hot path's C core is built (`starttrace/tracer/_hotpath.c`), its `ImportHook` takes the
 common case instead, writing the same two records for a quarter of the cost, and hands every
 other import, whole, to this wrapper (and the rare ends to `_end_slow`, `_end_failed`,
 `_end_record` and `_write_compact` below).
@@ -24,8 +24,8 @@ import sys
 from _thread import get_ident
 from time import monotonic_ns
 
-from starttrace import journal, recorder
-from starttrace.journal import quote
+from starttrace.tracer import journal, recorder
+from starttrace.tracer.journal import quote
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def install() -> None:
 
 
 def _c_wrapper(original: "Callable[[str, Any], Any]", wrapper: "Callable[[str, Any], Any]") -> "Any":
-    """The C copy of the wrapper's common case (starttrace/_hotpath.c), handing it everything
+    """The C copy of the wrapper's common case (starttrace/tracer/_hotpath.c), handing it everything
     else; None where the C core is not built or STARTTRACE_PURE_PYTHON=1."""
     if journal.hotpath is None:
         return None

@@ -14,7 +14,7 @@ import sys
 from _thread import allocate_lock, get_ident
 from time import monotonic_ns
 
-from starttrace.journal import JournalWriter, encode, quote
+from starttrace.tracer.journal import JournalWriter, encode, quote
 
 TYPE_CHECKING = False  # `typing` is not imported at run time: see the module docstring
 if TYPE_CHECKING:

@@ -1,20 +1,18 @@
-"""Server readiness probe: uvicorn "startup complete" -> `starttrace.boot.mark_ready`.
+"""Server readiness probe: uvicorn "startup complete" -> `starttrace.tracer.lifecycle.mark_ready`.
 
 Wraps (after the traced program imported uvicorn; standard library only here):
 - `uvicorn.server.Server.startup` -> span `uvicorn.startup` (phase `server_startup`): the ASGI
   lifespan startup and the bind of the listening sockets.
 - `uvicorn.server.Server.main_loop` -> at its entry, the server is started (subclasses such as
   vLLM's `NoSignalServer` have finished their own startup work too) and answers requests: the
-  `ready` instant is recorded (via `boot.mark_ready`) with the listening address.
+  `ready` instant is recorded (via `lifecycle.mark_ready`) with the listening address.
 
 `mark_ready` is idempotent (one `ready` per process), so several servers in one process, or a
 restart, record the first readiness only.
 """
 
-import sys
-
-from starttrace import recorder
-from starttrace.probes._wrap import _mark, note_attached, note_missing, patch, publish_probe_list, traced
+from starttrace.tracer import lifecycle, recorder
+from starttrace.tracer.probes._wrap import _mark, note_attached, note_missing, patch, publish_probe_list, traced
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -83,13 +81,5 @@ def _server_attrs(server: "Any") -> "dict[str, Any]":
 
 
 def ready(attrs: "dict[str, Any] | None" = None) -> None:
-    """Record readiness: boot.mark_ready when present, else a plain `ready` instant."""
-    boot = sys.modules.get("starttrace.boot")
-    mark_ready = getattr(boot, "mark_ready", None)
-    if mark_ready is not None:
-        mark_ready(attrs)
-        return
-    ready_attrs: dict[str, Any] = {"starttrace.phase": "ready"}
-    if attrs:
-        ready_attrs.update(attrs)
-    recorder.instant("ready", ready_attrs, parent=recorder.process_span_id)
+    """Record readiness (lifecycle.mark_ready: once per process, ends the run's `startup` span)."""
+    lifecycle.mark_ready(attrs)

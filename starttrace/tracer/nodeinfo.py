@@ -1,4 +1,4 @@
-"""Which host and clock domain a traced process runs in (hot path: imports nothing).
+"""Which host and clock domain a traced process runs in (hot path: imports only the recorder).
 
 A clock domain is a set of processes whose CLOCK_MONOTONIC is one clock: one kernel boot
 (`/proc/sys/kernel/random/boot_id`) and one time namespace (`readlink /proc/self/ns/time`; a time
@@ -11,6 +11,8 @@ The kernel's NTP state is read off the hot path (`starttrace.clocksync`).
 
 import os
 import sys
+
+from starttrace.tracer import recorder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,10 +53,11 @@ def clock_domain() -> tuple[str, str]:
     return domain, _read("/etc/machine-id") or boot
 
 
-def process_attrs(environ: MutableMapping[str, str], is_root: bool = False) -> dict[str, Any]:
+def process_attrs(environ: MutableMapping[str, str], is_root: bool = False, job: Any = None) -> dict[str, Any]:
     """Resource attributes of this process: clock domain and host id (inherited from the run's
-    root through `environ`; a root reads them and puts them there for its children), plus what a
-    rank started for torch's env:// rendezvous names as its endpoint."""
+    root through `environ`; a root reads them and puts them there for its children), the keys of
+    the root's job of several nodes (`job`: launchers.identify's), plus what a rank started for
+    torch's env:// rendezvous names as its endpoint."""
     domain = environ.get(ENV_CLOCK_DOMAIN)
     host_id = environ.get(ENV_HOST_ID)
     if is_root or not domain or not host_id:
@@ -67,10 +70,8 @@ def process_attrs(environ: MutableMapping[str, str], is_root: bool = False) -> d
         timens = time_namespace()
         domain = domain.partition("/")[0] + (f"/{timens}" if timens else "")
     attrs: dict[str, Any] = {"starttrace.clock.domain": domain, "host.id": host_id}
-    if is_root:
-        job = getattr(sys.modules.get("starttrace.launchers"), "current", None)
-        if job is not None:
-            attrs.update(job.attrs())
+    if is_root and job is not None:
+        attrs.update(job.attrs())
     addr, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
     if addr and port:
         attrs["starttrace.dist.master"] = f"{addr}:{port}"
@@ -86,7 +87,7 @@ _HELPER_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH")
 
 def record_clock_later(run_dir: str, root_span: str, reap: bool) -> None:
     """The kernel's NTP state for a run no exporter follows (journals only): a root process calls
-    this at its `ready` or exit (once; `boot._record_clock_state`). A detached helper (`python -m
+    this at its `ready` or exit (once; `lifecycle.record_clock_state`). A detached helper (`python -m
     starttrace.clocksync`, not traced, its output to /dev/null: it holds none of the program's
     pipes) reads adjtimex, which needs ctypes, and writes `<run folder>/clock-<root span>.json`;
     readers put it on the processes of this host (docs/journal.md). `reap`: wait for the helper on
@@ -106,9 +107,7 @@ def record_clock_later(run_dir: str, root_span: str, reap: bool) -> None:
     try:
         pid = os.posix_spawn(sys.executable, args, env, file_actions=quiet, setsid=True)
     except Exception as exc:
-        recorder = sys.modules.get("starttrace.recorder")
-        if recorder is not None:
-            recorder.report(f"cannot record the clock state: {type(exc).__name__}: {exc}", key="clock-state")
+        recorder.report(f"cannot record the clock state: {type(exc).__name__}: {exc}", key="clock-state")
         return
     if not reap:
         return

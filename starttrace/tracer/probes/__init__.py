@@ -12,25 +12,25 @@ line names vLLM or one of the helpers it labels, since it reads the process role
 
 import sys
 
-from starttrace import recorder
+from starttrace.tracer import lifecycle, recorder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 PROBES = (
-    "starttrace.probes.imports",
-    "starttrace.probes.multiprocessing",
+    "starttrace.tracer.probes.imports",
+    "starttrace.tracer.probes.multiprocessing",
 )
 
 # probe -> the modules its install() hooks (tests/unit/test_lazy_probes.py keeps them equal)
 LAZY_PROBES: "dict[str, tuple[str, ...]]" = {
-    "starttrace.probes.torch": ("torch.cuda", "torch.distributed", "torch.accelerator"),
-    "starttrace.probes.compile": ("torch._dynamo.utils",),
-    "starttrace.probes.weights": ("safetensors", "safetensors.torch", "huggingface_hub.file_download"),
+    "starttrace.tracer.probes.torch": ("torch.cuda", "torch.distributed", "torch.accelerator"),
+    "starttrace.tracer.probes.compile": ("torch._dynamo.utils",),
+    "starttrace.tracer.probes.weights": ("safetensors", "safetensors.torch", "huggingface_hub.file_download"),
     # torch.load's hook apart: `import torch` imports torch.serialization, so it loads with every torch
-    "starttrace.probes.torch_load": ("torch.serialization",),
-    "starttrace.probes.vllm": (
+    "starttrace.tracer.probes.torch_load": ("torch.serialization",),
+    "starttrace.tracer.probes.vllm": (
         "vllm.tracing",
         "vllm.engine.arg_utils",
         "vllm.entrypoints.launchers.launcher",
@@ -53,25 +53,25 @@ LAZY_PROBES: "dict[str, tuple[str, ...]]" = {
         "vllm.distributed.device_communicators.cuda_communicator",
         "vllm.distributed.device_communicators.cpu_communicator",
     ),
-    "starttrace.probes.servers": ("uvicorn.server",),
+    "starttrace.tracer.probes.servers": ("uvicorn.server",),
 }
 # probe -> words of the command line that load it at activation
 EAGER_WHEN_ARGV: "dict[str, tuple[str, ...]]" = {
-    "starttrace.probes.vllm": ("vllm", "all_reduce_utils", "resource_tracker"),
+    "starttrace.tracer.probes.vllm": ("vllm", "all_reduce_utils", "resource_tracker"),
 }
 _installed: "list[str]" = []
 _lazy_done: "set[str]" = set()
 
 
-# Loaded only in a torchrun agent whose run its command line named (`launchers.current`, set in
+# Loaded only in a torchrun agent whose run its command line named (`lifecycle.state.job`, set in
 # roots only): every other process pays nothing for it.
-TORCHRUN_AGENT_PROBE = "starttrace.probes.torchelastic"
+TORCHRUN_AGENT_PROBE = "starttrace.tracer.probes.torchelastic"
 
 
 def load_all() -> "list[Any]":
     """Import the probe modules loaded at activation (before the import hook exists, so they are
     not recorded)."""
-    job = getattr(sys.modules.get("starttrace.launchers"), "current", None)
+    job = lifecycle.state.job
     agent = job is not None and job.kind == "torchrun" and job.from_argv
     names = [*PROBES, TORCHRUN_AGENT_PROBE] if agent else list(PROBES)
     joined = " ".join(getattr(sys, "orig_argv", None) or sys.argv)
@@ -81,11 +81,14 @@ def load_all() -> "list[Any]":
     modules = []
     for name in names:
         try:
-            modules.append(__import__(name, fromlist=["install"]))
+            module = __import__(name, fromlist=["install"])
         except ImportError:
             continue  # a probe that is not part of this build
         except Exception as exc:
             recorder.report(f"probe {name} failed to load: {type(exc).__name__}: {exc}", key=name)
+        else:
+            modules.append(module)
+            lifecycle.loaded_probes[_short_name(name)] = module
     return modules
 
 
@@ -108,8 +111,12 @@ def _install(module: "Any") -> bool:
     except Exception as exc:
         recorder.report(f"probe {module.__name__} failed to install: {type(exc).__name__}: {exc}", key=module.__name__)
         return False
-    _installed.append(module.__name__.rsplit(".", 1)[-1])
+    _installed.append(_short_name(module.__name__))
     return True
+
+
+def _short_name(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
 
 
 def _lazy_loader(name: str) -> "Any":
@@ -122,6 +129,7 @@ def _lazy_loader(name: str) -> "Any":
         except Exception as exc:
             recorder.report(f"probe {name} failed to load: {type(exc).__name__}: {exc}", key=name)
             return
+        lifecycle.loaded_probes[_short_name(name)] = module
         if _install(module):  # its hooks on modules already imported (the target) run at once
             recorder.set_process_attrs({"starttrace.probes.installed": list(_installed)})
 
@@ -131,7 +139,7 @@ def _lazy_loader(name: str) -> "Any":
 def _import_unrecorded(name: str) -> "Any":
     """Import probe `name` (and the helpers it imports) past the import probe: starttrace's own
     modules are not the program's imports, whose spans this runs inside."""
-    for module in ("starttrace.probes._wrap", name):
+    for module in ("starttrace.tracer.probes._wrap", name):
         import_unrecorded(module)
     return sys.modules[name]
 
@@ -140,7 +148,7 @@ def import_unrecorded(name: str) -> "Any":
     """Import module `name` past the import probe (no span): for what starttrace itself needs
     (a probe, or a library a probe uses, such as ctypes for the weights probe's mincore)."""
     if name not in sys.modules:
-        from starttrace.probes import imports
+        from starttrace.tracer.probes import imports
 
         find_and_load = imports._original or (lambda module, _import: __import__(module, fromlist=["install"]))
         find_and_load(name, __import__)

@@ -3,15 +3,15 @@
 `import torch` imports `torch.serialization`, so whatever hooks that module is loaded by every
 traced `import torch`. This small module is that hook: it replaces `torch.serialization.load` (and
 `torch.load`, which torch binds from it) with a wrapper that hands a load of a path to the weights
-probe (`starttrace.probes.weights`: the `weights.load` span and the file's facts), loaded at the
+probe (`starttrace.tracer.probes.weights`: the `weights.load` span and the file's facts), loaded at the
 first such call. A program that imports torch and never loads a file pays for this module only.
 Imports the standard library only.
 """
 
 import sys
 
-from starttrace import recorder
-from starttrace.probes._wrap import _mark, note_attached, note_missing, publish_probe_list
+from starttrace.tracer import recorder
+from starttrace.tracer.probes._wrap import _mark, note_attached, note_missing, publish_probe_list
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,9 +39,9 @@ def _patch_torch_serialization(serialization: "Any") -> None:
             return original(f, *args, **kwargs)
         if not traced:
             try:
-                from starttrace.probes import import_unrecorded
+                from starttrace.tracer.probes import import_unrecorded
 
-                traced.append(import_unrecorded("starttrace.probes.weights")._torch_load_wrapper(original))
+                traced.append(import_unrecorded("starttrace.tracer.probes.weights")._torch_load_wrapper(original))
             except Exception as exc:
                 recorder.report(f"weights probe failed to load: {type(exc).__name__}: {exc}", key="torch_load")
                 traced.append(original)

@@ -1,6 +1,6 @@
 """torch elastic probe: one run per torchrun launch, agreed on in the rendezvous store.
 
-A traced torchrun agent starts on the run its command line names (`starttrace.launchers`), which
+A traced torchrun agent starts on the run its command line names (`starttrace.tracer.launchers`), which
 a relaunch of the same command would name again. Wrapped `SimpleElasticAgent._assign_worker_ranks`
 (run by every agent after each rendezvous round, with the round's store, before `_start_workers`):
 group rank 0 sets `starttrace/run` = "<run id> <trace id>" on entry (fresh the first time), the
@@ -13,8 +13,10 @@ whole story. Hot path: the standard library only; this module's body runs only i
 import os
 import sys
 
-from starttrace import recorder
-from starttrace.probes._wrap import _mark, note_attached, note_missing, patch, publish_probe_list
+from starttrace.tracer import launchers, lifecycle, recorder
+from starttrace.tracer.journal import FORMAT_VERSION, encode, segment_path
+from starttrace.tracer.lifecycle import state
+from starttrace.tracer.probes._wrap import _mark, note_attached, note_missing, patch, publish_probe_list
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -69,20 +71,14 @@ def _wrap_assign(original: "Callable[..., Any]") -> "Callable[..., Any]":
     return _mark(_assign_worker_ranks, original)
 
 
-def _state() -> Any:
-    boot = sys.modules.get("starttrace.boot")
-    return getattr(boot, "state", None)
-
-
 def _eligible() -> bool:
     """A traced torchrun agent whose run its command line named (not an explicit, SLURM or
     `starttrace run` id), or that adopted its launch's run already."""
-    state = _state()
-    if state is None or not state.is_root or recorder._writer is None:
+    if not state.is_root or recorder._writer is None:
         return False
     if _settled:
         return True
-    job = getattr(sys.modules.get("starttrace.launchers"), "current", None)
+    job = state.job
     return job is not None and job.kind == "torchrun" and job.from_argv and state.run_id == job.run_id
 
 
@@ -91,7 +87,6 @@ def _publish(store: Any) -> "tuple[str, str] | None":
     try:
         if not _eligible():
             return None
-        state = _state()
         if _settled:
             run_id, trace_id = state.run_id, state.trace_id
         else:
@@ -109,7 +104,6 @@ def _publish(store: Any) -> "tuple[str, str] | None":
 
 def _published_run(store: Any) -> "tuple[str, str] | None":
     """Another agent: the run group rank 0 published for this round (None: reported)."""
-    state = _state()
     try:
         if not store.check([STORE_KEY]):
             if os.environ.get("TORCH_ELASTIC_WORKER_IDENTICAL", "0") != "1":
@@ -120,7 +114,6 @@ def _published_run(store: Any) -> "tuple[str, str] | None":
         value = store.get(STORE_KEY)
         text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
         run_id, _, trace_id = text.strip().partition(" ")
-        launchers = sys.modules["starttrace.launchers"]
         if not launchers.clean_run_id(run_id) or len(trace_id) != 32 or not set(trace_id) <= _HEX:
             raise ValueError(f"unusable value {text[:120]!r} under {STORE_KEY}")
         return run_id, trace_id
@@ -135,16 +128,14 @@ def _published_run(store: Any) -> "tuple[str, str] | None":
 def adopt(run_id: str, trace_id: str, how: str) -> bool:
     """Make this root process's run `run_id` (with `trace_id`): move its journal into that run's
     folder and export the run to the environment its children inherit. False: nothing changed."""
-    state = _state()
     if state.run_id == run_id and state.trace_id == trace_id:
         _settled.append(True)
         return False
-    boot = sys.modules["starttrace.boot"]
     first_id, first_dir = state.run_id, state.run_dir
     new_dir = os.path.join(os.path.dirname(first_dir), run_id)
     os.makedirs(new_dir, exist_ok=True)
     marker = os.path.join(first_dir, MOVED_PREFIX + state.root_span)
-    follower = boot.auto_export_endpoint() is not None
+    follower = lifecycle.auto_export_endpoint() is not None
     if follower:
         _write_file(marker, new_dir + "\n")
     try:
@@ -155,11 +146,11 @@ def adopt(run_id: str, trace_id: str, how: str) -> bool:
         raise
     # moved: from here on nothing may stop halfway (the workers must follow the journal)
     state.run_id, state.run_dir, state.trace_id = run_id, new_dir, trace_id
-    boot._export_run_environment()
+    lifecycle.export_run_environment()
     _settled.append(True)
     recorder.set_process_attrs({"starttrace.job.adopted": how, "starttrace.job.first_run_id": first_id})
     try:
-        _write_file(os.path.join(new_dir, "run.json"), boot.encode(_run_meta(boot, state)) + "\n")
+        _write_file(os.path.join(new_dir, "run.json"), encode(_run_meta()) + "\n")
     except OSError as exc:
         recorder.report(f"cannot write {new_dir}/run.json: {exc}", key="torchelastic-run-json")
     _remove_if_unused(first_dir)
@@ -169,8 +160,6 @@ def adopt(run_id: str, trace_id: str, how: str) -> bool:
 
 def _move_journal(writer: Any, new_base: str) -> None:
     """Rename every segment written so far to `new_base`; the next ones are created there."""
-    from starttrace.journal import segment_path
-
     with writer._lock:  # no segment is opened meanwhile (JournalWriter.overflow takes the lock)
         moved: list[tuple[str, str]] = []
         try:
@@ -188,10 +177,10 @@ def _move_journal(writer: Any, new_base: str) -> None:
         writer.base = new_base
 
 
-def _run_meta(boot: Any, state: Any) -> "dict[str, Any]":
+def _run_meta() -> "dict[str, Any]":
     """The run.json a root writes (boot._create_run), for the adopted run."""
     return {
-        "v": boot.FORMAT_VERSION,
+        "v": FORMAT_VERSION,
         "run_id": state.run_id,
         "trace_id": state.trace_id,
         "root_span_id": state.root_span,
@@ -200,7 +189,7 @@ def _run_meta(boot: Any, state: Any) -> "dict[str, Any]":
         "cwd": os.getcwd(),
         "host": os.uname().nodename,
         "created_epoch_ns": state.anchor_epoch,
-        "service": boot.service_name(),
+        "service": lifecycle.service_name(),
     }
 
 
