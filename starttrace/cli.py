@@ -483,13 +483,13 @@ def fleet(
 ) -> None:
     """Fleet startup: p50/p95 of time to ready and each phase per value of --by, the slowest runs,
     and (by service.version) the phases that regressed from one version to the next."""
-    from starttrace.service.app import _parse_time
+    from starttrace.service.app import _parse_time, default_db_path
     from starttrace.service.fleet import cli_answer
     from starttrace.sources.clickhouse_client import ClickHouseError
 
     try:
         since_ns, until_ns = _parse_time(since), _parse_time(until)
-        answer = cli_answer(by, since_ns, until_ns, service, clickhouse, db, derive)
+        answer = cli_answer(by, since_ns, until_ns, service, clickhouse, db or default_db_path(), derive)
     except (ValueError, ClickHouseError) as exc:
         raise _fail(str(exc)) from None
     if as_json:

@@ -34,7 +34,7 @@ from starttrace.analysis.compare import compare
 from starttrace.analysis.detail import DEFAULT_IMPORT_BUDGET
 from starttrace.analysis.model import RunModel
 from starttrace.service.decoder import Decoder
-from starttrace.service.fleet import FactsDeriver, model_loader
+from starttrace.service.fleet import FactsDeriver, fleet_of, model_loader
 from starttrace.service.model_cache import ModelCache
 from starttrace.service.otlp_receiver import (
     DEFAULT_ACK_TIMEOUT_S,
@@ -579,7 +579,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
         try:
-            answer = facts.fleet(by, since_ns=since_ns, until_ns=until_ns, service=service)
+            answer = fleet_of(facts, by, since_ns=since_ns, until_ns=until_ns, service=service)
         except ClickHouseError as exc:  # the server is down, or refused the query
             return JSONResponse({"error": f"ClickHouse: {exc}"[:2000]}, status_code=503)
         if wants_html(request):

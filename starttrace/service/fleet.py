@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from starttrace.analysis.fleet import run_facts
+from starttrace.analysis.fleet import FACTS_VERSION, SLOWEST, answer, by_key, fleet_answer, run_facts
 from starttrace.analysis.model import RunModel
 from starttrace.run import Run
 
@@ -23,7 +23,7 @@ PREFETCH = 100  # runs loaded at once by a prefetching loader
 
 
 class FactsSink(Protocol):
-    def missing(self, limit: int = ..., idle_s: float = ...) -> list[str]: ...
+    def missing(self, limit: int = ..., idle_s: float = ..., facts_version: int = ...) -> list[str]: ...
 
     def write(self, facts: list[dict[str, Any]]) -> None: ...
 
@@ -67,9 +67,26 @@ def derive_missing(
     on_facts: Callable[[dict[str, Any]], None] | None = None,
 ) -> int:
     """Derive the facts of up to `limit` runs that lack them; how many were looked at."""
-    ids = sink.missing(limit=limit, idle_s=idle_s)
+    ids = sink.missing(limit=limit, idle_s=idle_s, facts_version=FACTS_VERSION)
     derive(ids, load, sink, on_facts)
     return len(ids)
+
+
+def fleet_of(
+    facts: Any,
+    by: str,
+    since_ns: int | None = None,
+    until_ns: int | None = None,
+    service: str | None = None,
+    slowest: int = SLOWEST,
+) -> dict[str, Any]:
+    """The fleet answer from a facts store: over ClickHouse its groups and quantiles come from SQL
+    (`ClickHouseFacts.groups`), over the embedded store from the facts rows (`analysis.fleet`)."""
+    if hasattr(facts, "groups"):
+        key = by_key(by)
+        groups, top, runs = facts.groups(key, since_ns, until_ns, service, slowest)
+        return answer(by, key, groups, top, runs)
+    return fleet_answer(facts.rows(since_ns, until_ns, service), by, slowest)
 
 
 class FactsDeriver:
@@ -94,7 +111,7 @@ class FactsDeriver:
     def run_once(self, limit: int = 1000) -> int:
         with self._lock:
             try:
-                ids = self.sink.missing(limit=limit, idle_s=self.idle_s)
+                ids = self.sink.missing(limit=limit, idle_s=self.idle_s, facts_version=FACTS_VERSION)
                 failed = derive(ids, self.load, self.sink, self.on_facts)
                 if failed:
                     self.errors.append(f"deriving fleet facts: {len(failed)} run(s) failed, e.g. {failed[0]}")
@@ -188,20 +205,19 @@ def cli_answer(
         if derive_first:
             pre = Prefetching(ClickHouseRuns(client).load_runs)
             derive_all(facts, direct_loader(pre.load_run, pre))
-        return dict(facts.fleet(by, since_ns, until_ns, service), source=client.url.redacted())
-    from starttrace.service.app import default_db_path
+        return dict(fleet_of(facts, by, since_ns, until_ns, service), source=client.url.redacted())
     from starttrace.sources.facts_store import FactsStore
     from starttrace.sources.store import Store
 
-    path = db if db is not None else default_db_path()
-    if not Path(path).exists():
+    path = db
+    if path is None or not Path(path).exists():
         raise ValueError(f"no store at {path}: pass --db or --clickhouse")
     store = Store(path)
     try:
         facts = FactsStore(path)
         if derive_first:
             derive_all(facts, direct_loader(store.load_run))
-        return dict(facts.fleet(by, since_ns, until_ns, service), source=str(path))
+        return dict(fleet_of(facts, by, since_ns, until_ns, service), source=str(path))
     finally:
         store.close()
 
@@ -211,7 +227,7 @@ def derive_all(sink: FactsSink, load: ModelLoader, idle_s: float = 0.0, batch: i
     done = 0
     seen: set[str] = set()
     while True:
-        ids = [r for r in sink.missing(limit=batch, idle_s=idle_s) if r not in seen]
+        ids = [r for r in sink.missing(limit=batch, idle_s=idle_s, facts_version=FACTS_VERSION) if r not in seen]
         if not ids:
             return done
         seen.update(ids)

@@ -4,7 +4,8 @@ The table is a ReplacingMergeTree keyed by the run id, versioned by when the fac
 deriving a run again (its spans grew, or the facts' definition changed) inserts a newer row, and
 every read takes the newest one (`FINAL`). Fleet queries run in SQL: `quantiles` per group, per
 phase through ARRAY JOIN of the phase map, the slowest runs by ORDER BY ... LIMIT; only groups and
-a few rows come back to Python, never the runs.
+a few rows come back to Python, never the runs (`service.fleet.fleet_of` shapes the answer with
+`analysis.fleet.answer`: this layer does not import the analysis).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import time
 from string import Template
 from typing import Any
 
-from starttrace.analysis.fleet import FACTS_VERSION, SLOWEST, answer, by_key
 from starttrace.sources.clickhouse import LANE_SQL, RUN_SQL
 from starttrace.sources.clickhouse_client import Client, ident
 
@@ -143,11 +143,14 @@ class ClickHouseFacts:
             )
         self.client.command(f"INSERT INTO {self.facts} FORMAT JSONEachRow\n" + "\n".join(lines))
 
-    def missing(self, limit: int = 1000, idle_s: float = 5.0, now_ns: int | None = None) -> list[str]:
-        """Run ids whose facts are missing or stale, newest first, quiet for `idle_s`."""
+    def missing(
+        self, limit: int = 1000, idle_s: float = 5.0, facts_version: int = 0, now_ns: int | None = None
+    ) -> list[str]:
+        """Run ids whose facts are missing or stale (fewer span rows than now, or derived by a facts
+        definition older than `facts_version`), newest first, quiet for `idle_s`."""
         self.ensure_table()
         now = time.time_ns() if now_ns is None else now_ns
-        params = {"facts_version": FACTS_VERSION, "quiet_before": now - int(idle_s * 1e9), "limit": limit}
+        params = {"facts_version": facts_version, "quiet_before": now - int(idle_s * 1e9), "limit": limit}
         return [str(r["run_id"]) for r in self.client.arrow(self._sql(MISSING_SQL), params).to_pylist()]
 
     def get(self, run_id: str) -> dict[str, Any] | None:
@@ -155,17 +158,16 @@ class ClickHouseFacts:
         rows = self.client.arrow(self._sql(FACTS_SQL), {"run": run_id}).to_pylist()
         return rows[0] if rows else None
 
-    def fleet(
+    def groups(
         self,
-        by: str,
+        key: str,
         since_ns: int | None = None,
         until_ns: int | None = None,
         service: str | None = None,
-        slowest: int = SLOWEST,
-    ) -> dict[str, Any]:
-        """The fleet answer (`analysis.fleet.answer`), its quantiles computed in SQL."""
+        slowest: int = 10,
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+        """(groups, slowest runs, runs) per value of identity key `key`, quantiles computed in SQL."""
         self.ensure_table()
-        key = by_key(by)
         params: dict[str, Any] = {
             "by": key,
             "since": since_ns if since_ns is not None else 0,
@@ -199,7 +201,7 @@ class ClickHouseFacts:
             row["time_to_ready_s"] = round(float(row["time_to_ready_s"]), 6)
             row["start_ns"] = int(row["start_ns"])
         # a group whose runs never became ready has NaN quantiles: reported as null
-        return answer(by, key, list(groups.values()), top, runs)
+        return list(groups.values()), top, runs
 
 
 def _quantiles(values: list[float] | None) -> dict[str, float | None]:

@@ -4,7 +4,7 @@ ClickHouse, one row per run in the store's database file, in a table of its own 
 It has its own connection (WAL: it reads while the store's writer writes) and touches none of the
 store's tables but reading `runs` (which runs exist, their version). Writing a run again replaces
 its row (idempotent). The fleet answer is computed from the facts rows (`analysis.fleet`): one
-small row per run, never a run's spans.
+small row per run, never a run's spans (the entry layer answers from them: `service.fleet.fleet_of`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-
-from starttrace.analysis.fleet import FACTS_VERSION, SLOWEST, facts_json, fleet_answer
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS run_facts (
@@ -52,7 +50,15 @@ class FactsStore:
             return
         now = time.time()
         rows = [
-            (f["run_id"], f["service"], int(f["start_ns"]), int(f["version"]), FACTS_VERSION, now, facts_json(f))
+            (
+                f["run_id"],
+                f["service"],
+                int(f["start_ns"]),
+                int(f["version"]),
+                int(f["facts_version"]),
+                now,
+                json.dumps(f, separators=(",", ":"), sort_keys=True),
+            )
             for f in facts
         ]
         with self._write_lock:
@@ -60,15 +66,17 @@ class FactsStore:
             with conn:
                 conn.executemany("INSERT OR REPLACE INTO run_facts VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
 
-    def missing(self, limit: int = 1000, idle_s: float = 5.0, now: float | None = None) -> list[str]:
-        """Runs of the store whose facts are missing or stale (the run changed since, or an older
-        facts definition), newest first, with no ingest for `idle_s`."""
+    def missing(
+        self, limit: int = 1000, idle_s: float = 5.0, facts_version: int = 0, now: float | None = None
+    ) -> list[str]:
+        """Runs of the store whose facts are missing or stale (the run changed since, or derived by
+        a facts definition older than `facts_version`), newest first, with no ingest for `idle_s`."""
         quiet = (time.time() if now is None else now) - idle_s
         rows = self._conn().execute(
             "SELECT r.run_id FROM runs r LEFT JOIN run_facts f ON f.run_id = r.run_id"
             " WHERE (f.run_id IS NULL OR f.version != r.version OR f.facts_version < ?) AND r.updated_at <= ?"
             " ORDER BY COALESCE(r.first_ns, 0) DESC LIMIT ?",
-            (FACTS_VERSION, quiet, limit),
+            (facts_version, quiet, limit),
         )
         return [str(r[0]) for r in rows]
 
@@ -91,16 +99,6 @@ class FactsStore:
             sql += " AND service = ?"
             params.append(service)
         return [json.loads(r[0]) for r in self._conn().execute(sql, params)]
-
-    def fleet(
-        self,
-        by: str,
-        since_ns: int | None = None,
-        until_ns: int | None = None,
-        service: str | None = None,
-        slowest: int = SLOWEST,
-    ) -> dict[str, Any]:
-        return fleet_answer(self.rows(since_ns, until_ns, service), by, slowest)
 
     def forget(self, run_ids: list[str]) -> None:
         with self._write_lock:

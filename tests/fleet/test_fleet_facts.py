@@ -14,6 +14,7 @@ from fleet_rows import synthetic_facts
 from starttrace.analysis.fleet import fleet_answer, regressions, run_facts
 from starttrace.analysis.model import Lane, RunModel
 from starttrace.run import Process, Run, Span, spans_table
+from starttrace.service.fleet import fleet_of
 from starttrace.sources.facts_store import FactsStore
 
 S = 1_000_000_000
@@ -167,7 +168,7 @@ def test_embedded_facts_store(tmp_path: Path) -> None:
     store.write(rows[:10])  # again: replaced, not added
     assert len(store.rows()) == 30
     assert store.get("run-00003")["phases"] == rows[3]["phases"]  # type: ignore[index]
-    ans = store.fleet("service.version", service="vllm")
+    ans = fleet_of(store, "service.version", service="vllm")
     assert ans["runs"] == sum(1 for r in rows if r["service"] == "vllm")
     _close(ans, fleet_answer([r for r in rows if r["service"] == "vllm"], "service.version"))
 
@@ -187,21 +188,21 @@ def test_clickhouse_fleet_matches_python(ch_facts: Any) -> None:
     rows = synthetic_facts(300)
     ch_facts.write(rows)
     for by in ("service.version", "tp", "host.name"):
-        _close(ch_facts.fleet(by), fleet_answer(rows, by))
+        _close(fleet_of(ch_facts, by), fleet_answer(rows, by))
     since = rows[100]["start_ns"]
     sub = [r for r in rows if r["start_ns"] >= since and r["service"] == "vllm"]
-    _close(ch_facts.fleet("service.version", since_ns=since, service="vllm"), fleet_answer(sub, "service.version"))
-    ans = ch_facts.fleet("service.version")
+    _close(fleet_of(ch_facts, "service.version", since_ns=since, service="vllm"), fleet_answer(sub, "service.version"))
+    ans = fleet_of(ch_facts, "service.version")
     assert ans["regressions"][0]["phase"] == "model_load"
 
 
 def test_clickhouse_facts_rewrite_is_idempotent(ch_facts: Any) -> None:
     rows = synthetic_facts(300)
-    before = ch_facts.fleet("service.version")
+    before = fleet_of(ch_facts, "service.version")
     ch_facts.write(rows[:50])  # derived again: the newest row of each run counts, once
-    after = ch_facts.fleet("service.version")
+    after = fleet_of(ch_facts, "service.version")
     assert after["runs"] == before["runs"] == 300
     changed = dict(rows[0], time_to_ready_s=9999.0)
     ch_facts.write([changed])
-    assert ch_facts.fleet("service.version")["slowest"][0]["run_id"] == "run-00000"
+    assert fleet_of(ch_facts, "service.version")["slowest"][0]["run_id"] == "run-00000"
     assert ch_facts.get("run-00000")["TimeToReadyS"] == 9999.0
