@@ -334,6 +334,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     cache = ModelCache(store, settings.live_model_ttl_s, settings.prebuild_idle_s)
     if settings.clickhouse:
         cache.groups = store.groups  # type: ignore[assignment]
+    def facts_forget(run_ids: list[str]) -> None:
+        """Expired runs' facts go with them (embedded store; ClickHouse expires by its own TTL)."""
+        if run_ids and hasattr(facts, "forget"):
+            facts.forget(run_ids)
+
     deriver = FactsDeriver(
         facts, model_loader(cache), settings.fleet_interval_s, settings.fleet_idle_s, counters.observe_run
     )
@@ -354,7 +359,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         while not stop_maintenance.wait(60.0):
             if settings.retention_s is not None:
                 with contextlib.suppress(Exception):
-                    cache.forget(store.expire(settings.retention_s))
+                    expired = store.expire(settings.retention_s)
+                    cache.forget(expired)
+                    facts_forget(expired)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -363,7 +370,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             store.start()
             cache.start()
             if settings.retention_s is not None:
-                cache.forget(store.expire(settings.retention_s))
+                expired = store.expire(settings.retention_s)
+                cache.forget(expired)
+                facts_forget(expired)
             if watcher is not None:
                 watcher.start()
             deriver.start()

@@ -167,6 +167,9 @@ def test_embedded_facts_store(tmp_path: Path) -> None:
     store.write(rows)
     store.write(rows[:10])  # again: replaced, not added
     assert len(store.rows()) == 30
+    store.forget(["run-00000", "run-00001"])  # expired runs' facts go with them
+    assert len(store.rows()) == 28
+    store.write(rows[:2])
     assert store.get("run-00003")["phases"] == rows[3]["phases"]  # type: ignore[index]
     ans = fleet_of(store, "service.version", service="vllm")
     assert ans["runs"] == sum(1 for r in rows if r["service"] == "vllm")
