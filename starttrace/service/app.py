@@ -34,7 +34,7 @@ from starttrace.analysis.compare import compare
 from starttrace.analysis.detail import DEFAULT_IMPORT_BUDGET
 from starttrace.analysis.model import RunModel
 from starttrace.service.decoder import Decoder
-from starttrace.service.fleet import FactsDeriver, fleet_of, model_loader
+from starttrace.service.fleet import FactsDeriver, Prefetching, direct_loader, fleet_of, model_loader
 from starttrace.service.model_cache import ModelCache
 from starttrace.service.otlp_receiver import (
     DEFAULT_ACK_TIMEOUT_S,
@@ -339,9 +339,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if run_ids and hasattr(facts, "forget"):
             facts.forget(run_ids)
 
-    deriver = FactsDeriver(
-        facts, model_loader(cache), settings.fleet_interval_s, settings.fleet_idle_s, counters.observe_run
-    )
+    if settings.clickhouse:  # a hundred runs per load (two queries), not through the model cache
+        prefetching = Prefetching(store.runs.load_runs)
+        loader = direct_loader(prefetching.load_run, prefetching)
+    else:  # the cache's prebuilt models
+        loader = model_loader(cache)
+    deriver = FactsDeriver(facts, loader, settings.fleet_interval_s, settings.fleet_idle_s, counters.observe_run)
     decoder = Decoder(settings.decode_workers)
     budget = IngestBudget(settings.inflight_max_bytes)
     store.on_runs_written = cache.note_written
