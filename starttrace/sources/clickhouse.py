@@ -124,7 +124,8 @@ LIMIT {{limit:UInt32}}
 # one run: the bloom filter on TraceId finds its granules, the run id keeps other runs out
 _ONE_RUN = f"{RUN_SQL} = {{run:String}} AND TraceId IN {{traces:Array(String)}}"
 _RUNS = f"{RUN_SQL} IN {{runs:Array(String)}}"
-VERSION_SQL = f"SELECT count() FROM $traces WHERE {RUN_SQL} = {{run:String}}"
+VERSION_SQL = f"SELECT count() FROM $traces WHERE {_ONE_RUN}"
+MAX_KNOWN_RUNS = 100_000  # run ids whose trace ids are remembered
 
 # resource values kept as strings even when they look like numbers
 STRING_KEYS = frozenset(
@@ -175,6 +176,10 @@ class ClickHouseRuns:
     def __init__(self, client: Client) -> None:
         self.client = client
         self.traces = client.url.traces
+        # run id -> its trace ids, found once by a scan of the run-id attribute; later queries of the
+        # run go through the table's bloom filter on TraceId (the service asks a run's version on
+        # every request)
+        self._trace_ids: dict[str, list[str]] = {}
 
     def _sql(self, template: str, **parts: str) -> str:
         return Template(template).substitute(traces=self.traces, **parts)
@@ -211,20 +216,32 @@ class ClickHouseRuns:
     def newest_run_ids(self, n: int) -> list[str]:
         return [r["run_id"] for r in self.list_runs(limit=n)]
 
+    def _traces_of(self, run_id: str) -> list[str]:
+        traces = self._trace_ids.get(run_id)
+        if traces is None:
+            found = self.client.arrow(self._sql(TRACES_SQL), {"run": run_id})
+            traces = sorted(r["TraceId"] for r in found.to_pylist())
+            if traces:  # a run not (yet) there is looked for again next time
+                if len(self._trace_ids) >= MAX_KNOWN_RUNS:
+                    self._trace_ids.pop(next(iter(self._trace_ids)))
+                self._trace_ids[run_id] = traces
+        return traces
+
     def run_version(self, run_id: str) -> int | None:
         """The run's span rows (grows while the Collector writes it); None: no such run."""
-        table = self.client.arrow(self._sql(VERSION_SQL), {"run": run_id})
+        traces = self._traces_of(run_id)
+        if not traces:
+            return None
+        table = self.client.arrow(self._sql(VERSION_SQL), {"run": run_id, "traces": traces})
         n = int(table.column(0)[0].as_py()) if table.num_rows else 0
         return n or None
 
     def load_run(self, run_id: str) -> Run | None:
         """The run at full detail (None: no span carries this run id)."""
-        params: dict[str, Any] = {"run": run_id}
-        found = self.client.arrow(self._sql(TRACES_SQL), params)
-        traces = [r["TraceId"] for r in found.to_pylist()]
+        traces = self._traces_of(run_id)
         if not traces:
             return None
-        params["traces"] = traces
+        params: dict[str, Any] = {"run": run_id, "traces": traces}
         procs = self.client.arrow(self._sql(PROCESSES_SQL, run_filter=_ONE_RUN), params)
         spans = _span_table(self.client.arrow(self._sql(SPANS_SQL, run_filter=_ONE_RUN), params))
         return _assemble(run_id, traces[0], procs.to_pylist(), spans)
