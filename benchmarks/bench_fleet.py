@@ -217,11 +217,16 @@ def prepare(data: Path, n: int, big_imports: int, derive_limit: int) -> dict[str
 
 def measure(n: int, big_imports: int, workdir: Path, derive_limit: int) -> dict[str, Any]:
     data = workdir / f"chdb-{n}"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, __file__, "--prepare", str(data), "--runs", str(n), "--big-imports", str(big_imports)]
-    cmd += ["--derive-limit", str(derive_limit)]
-    out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, check=True)
-    res: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    kept = workdir / f"chdb-{n}.json"
+    if kept.exists():  # prepared before (--keep): measured again with the code of now
+        res: dict[str, Any] = json.loads(kept.read_text())
+    else:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        cmd = [sys.executable, __file__, "--prepare", str(data), "--runs", str(n), "--big-imports", str(big_imports)]
+        cmd += ["--derive-limit", str(derive_limit)]
+        out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, check=True)
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+        kept.write_text(json.dumps(res))
     big = res.pop("big_run")
     port = free_port()
     proc = start_service(data, port)
@@ -269,6 +274,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here too")
     parser.add_argument("--prepare", type=Path, help=argparse.SUPPRESS)  # internal: fill and derive in DIR
     parser.add_argument(
+        "--keep", type=Path, help="keep the filled chdb directories here; a second run measures them again"
+    )
+    parser.add_argument(
         "--derive-limit",
         type=int,
         default=2000,
@@ -281,8 +289,10 @@ def main() -> None:
         return
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+        workdir = args.keep or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
         for n in args.runs or [2000]:
-            res = measure(n, args.big_imports, Path(tmp), args.derive_limit)
+            res = measure(n, args.big_imports, workdir, args.derive_limit)
             print(json.dumps(res), flush=True)
             results.append(res)
     if args.json:
