@@ -55,7 +55,7 @@ def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = Non
     frame = _linked(_resolved(frame))
     ready_ns = _min_or_none(frame.filter(pl.col("name") == "ready")["start"])
     dead = dead_lanes(run, lanes_by_id)  # liveness from evidence (analysis/liveness.py)
-    status = _status(ready_ns, run, frame, list(lanes_by_id.values()))
+    status = _status(ready_ns, frame, list(lanes_by_id.values()))
     if dead:
         status = (ended_status(why for _, why in dead.values()) or status) if status == "exited" else status
         frame = _end_open_spans(frame, {lane.id: why for lane, why in dead.values()})
@@ -198,7 +198,7 @@ def _lane_of(p: Process, service: str | None) -> Lane:
     )
 
 
-def _status(ready_ns: int | None, run: Run, frame: pl.DataFrame, lanes: list[Lane]) -> str:
+def _status(ready_ns: int | None, frame: pl.DataFrame, lanes: list[Lane]) -> str:
     """ready: the server answers (`ready`; a lane's own `process.ready` is not the run's);
     finished: the startup span ended; exited: every process exited; else running."""
     if ready_ns is not None:

@@ -109,7 +109,6 @@ class SpanNode:
         "error",
         "id",
         "idx",
-        "imports",
         "in_progress",
         "instant",
         "lane",
@@ -127,7 +126,6 @@ class SpanNode:
     def __init__(self, model: RunModel, row: dict[str, Any]) -> None:
         self._model = model
         self._attrs: dict[str, Any] | None = None
-        self.imports: list[SpanNode] | None = None  # findings.common.import_children, once asked
         self.idx = row["idx"]
         self.lane = row["lane"]
         self.id = row["span_id"]
