@@ -192,7 +192,7 @@ def record(run_dir: Path, root_span: str, domain: str) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m starttrace.clocksync RUN_DIR ROOT_SPAN DOMAIN`: started, detached, by a run's root
-    process at its ready or exit when no exporter runs (starttrace.tracer.nodeinfo.record_clock_later)."""
+    process at its ready or exit when no exporter runs (starttrace.tracer.lifecycle.record_clock_later)."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv

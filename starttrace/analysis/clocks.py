@@ -2,7 +2,7 @@
 times of every domain but one shifted onto that one's clock (`Run -> Run`, no I/O).
 
 Every process records its clock domain (`starttrace.clock.domain`: kernel boot id + time namespace,
-`starttrace.tracer.nodeinfo`); within a domain all lanes already share one monotonic clock and one epoch
+`starttrace.tracer.lifecycle`); within a domain all lanes already share one monotonic clock and one epoch
 anchor. Between domains (hosts) the epoch clocks differ by their NTP error, often tens of ms. The
 reference domain is the one of global rank 0 (else of the server that became ready, else of the
 first root process); every other domain gets an offset (its clock minus the reference clock) and an

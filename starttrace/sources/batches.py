@@ -216,22 +216,21 @@ def pack_by_trace(spans: list[SpanTuple]) -> list[PackedSpans]:
     groups = [spans] if len(trace_ids) == 1 else [[s for s in spans if s[0] == t] for t in trace_ids]
     out = []
     for trace_id, group in zip(trace_ids, groups, strict=True):
-        frame = span_frame(group)
-        first_ok, first, last = frame.select(
-            pl.col("start").filter(pl.col("start") >= PLAUSIBLE_MIN_NS).min(),
-            pl.col("start").min().alias("first"),
-            pl.max_horizontal(pl.col("end").max(), pl.col("start").max()),
-        ).row(0)
-        ids = frame["span_id"].to_list()
-        is_open = frame["in_progress"]
+        # what the writer needs to know, from the tuples themselves (their strings exist already)
+        starts = [s[4] for s in group]
+        first = min(starts)
+        if first < PLAUSIBLE_MIN_NS:
+            first = min([t for t in starts if t >= PLAUSIBLE_MIN_NS], default=first)
+        ends = [s[5] for s in group]
+        last = max(max(starts), max([t for t in ends if t is not None], default=first))
         out.append(
             PackedSpans(
                 trace_id,
-                ids,
-                frame["span_id"].filter(is_open).to_list() if is_open.any() else [],
-                first if first_ok is None else first_ok,
-                last,
-                write_packed(frame),
+                [s[1] for s in group],
+                [s[1] for s in group if s[6] or s[5] is None],
+                as_int64(first),
+                as_int64(last),
+                write_packed(span_frame(group)),
             )
         )
     return out

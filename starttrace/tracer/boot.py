@@ -37,6 +37,7 @@ from starttrace.tracer.lifecycle import (
     auto_export_endpoint,
     export_run_environment,
     flag_cuda_before_fork,
+    process_attrs,
     record_clock_state,
     service_name,
     state,
@@ -138,7 +139,6 @@ def _activate() -> None:
     # so that none of starttrace's own imports shows up as the traced program's.
     _load_atexit()
     _load_hotpath(environ)
-    from starttrace.tracer import nodeinfo  # noqa: F401  (used by _initial_identity, after the record)
     from starttrace.tracer.probes import load_all
 
     probes = load_all()
@@ -359,9 +359,7 @@ def _initial_identity() -> None:
                 attrs[key] = int(value)
     elif state.is_root:
         attrs["starttrace.role"] = "main"
-    from starttrace.tracer import nodeinfo  # clock domain, host id, job keys (docs/multinode.md)
-
-    attrs.update(nodeinfo.process_attrs(environ, state.is_root, state.job))
+    attrs.update(process_attrs(environ, state.is_root, state.job))  # clock domain, host id, job keys
     recorder.set_process_attrs(attrs)
 
 

@@ -3,7 +3,7 @@ analysis -> views -> entry points), and no module imports another that (directly
 back — lazy imports inside functions included.
 
 The hot path is a folder, starttrace/tracer/ (boot, recorder, journal, lifecycle, launchers,
-nodeinfo, probes/): every module in it imports the standard library and the folder only (lazy
+probes/): every module in it imports the standard library and the folder only (lazy
 imports included), asks `sys.modules` for no starttrace module in place of an import, and its
 modules import each other without a cycle."""
 
@@ -104,7 +104,7 @@ def _absolute(node: ast.ImportFrom, module: str, path: Path) -> str:
 
 def test_the_folder_is_the_hot_path() -> None:
     """The hot path's modules (and its C core) live in the folder, none of them beside it."""
-    moved = ("boot", "recorder", "journal", "launchers", "nodeinfo")
+    moved = ("boot", "recorder", "journal", "launchers")
     for name in (*moved, "lifecycle"):
         assert (TRACER / f"{name}.py").exists(), name
     assert (TRACER / "probes" / "__init__.py").exists()
