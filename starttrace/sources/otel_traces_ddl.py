@@ -4,8 +4,8 @@ Copied from opentelemetry-collector-contrib, exporter/clickhouseexporter/interna
 traces_table.sql (commit 2bf6b9e1f8c8716ab54eaac1635e56b4d0649900, the template of the 0.15x-0.16x
 exporter releases; Apache-2.0), two long ALIAS lines wrapped, its template parts filled the way
 the exporter fills them by default: no cluster, `ENGINE = MergeTree()`, no TTL, the bloom-filter
-indexes (not the full-text
-ones). starttrace never creates this table on a server (the Collector does); tests, benchmarks and
+indexes (not the full-text ones). starttrace never creates this table on a server (the Collector
+does); tests, benchmarks and
 an embedded `chdb:` database use this copy, so the SQL runs against the exporter's own schema.
 
 How the exporter fills it (exporter_traces.go, internal/util.go): Timestamp = span start;
