@@ -316,9 +316,7 @@ def compare(
     from starttrace.analysis.compare import compare as compare_models
     from starttrace.views.terminal import render_compare
 
-    result = compare_models(
-        _model(_load(run_a, directory, clickhouse)), _model(_load(run_b, directory, clickhouse))
-    )
+    result = compare_models(_model(_load(run_a, directory, clickhouse)), _model(_load(run_b, directory, clickhouse)))
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
         return
@@ -476,9 +474,7 @@ def fleet(
     db: Annotated[
         Path | None, typer.Option(help="the embedded store (default: ~/.local/state/starttrace/starttrace.db)")
     ] = None,
-    derive: Annotated[
-        bool, typer.Option(help="first derive the facts of runs that lack them (each run once)")
-    ] = True,
+    derive: Annotated[bool, typer.Option(help="first derive the facts of runs that lack them (each run once)")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="the answer as JSON (what GET /fleet returns)")] = False,
 ) -> None:
     """Fleet startup: p50/p95 of time to ready and each phase per value of --by, the slowest runs,

@@ -334,6 +334,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     cache = ModelCache(store, settings.live_model_ttl_s, settings.prebuild_idle_s)
     if settings.clickhouse:
         cache.groups = store.groups  # type: ignore[assignment]
+
     def facts_forget(run_ids: list[str]) -> None:
         """Expired runs' facts go with them (embedded store; ClickHouse expires by its own TTL)."""
         if run_ids and hasattr(facts, "forget"):
@@ -578,8 +579,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/fleet")
     def fleet(
         request: Request,
-        by: str = Query("service.version", max_length=200, description="identity key: service.version, vllm.model,"
-                        " tp, pp, dp, host.name, nodes, container.image, ..."),
+        by: str = Query(
+            "service.version",
+            max_length=200,
+            description="identity key: service.version, vllm.model, tp, pp, dp, host.name, nodes, container.image, ...",
+        ),
         since: str | None = Query(None, description="epoch seconds, ISO 8601, or relative (7d)"),
         until: str | None = Query(None, description="epoch seconds, ISO 8601, or relative (1h)"),
         service: str | None = Query(None, description="only runs of this service.name"),
