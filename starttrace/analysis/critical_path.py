@@ -33,6 +33,7 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
         return []
     lanes = model.lanes
     per_lane, ends = _candidates(model)
+    steps_of = _Steppable(model)
     starter = _starters(model)
     children_of: dict[int, list[tuple[Lane, SpanNode]]] = {}
     for child_index, span in starter.items():
@@ -74,7 +75,7 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
                     steps.append(PathStep(lane_i, chosen.name, chosen.phase, c_end, chosen.eff_end, "wait"))
             lane_i, t = child.index, c_end
             continue
-        inner = _last_inner(model, chosen, t)
+        inner = steps_of.last_inner(chosen, t)
         if inner is not None:
             tail_end = min(chosen.eff_end, t)
             if tail_end > inner.eff_end:  # however short: the steps tile the time to ready
@@ -233,26 +234,33 @@ def _target(model: RunModel) -> tuple[int, int]:
     return last["lane"], last["eff_end"]
 
 
-def _last_inner(model: RunModel, span: SpanNode, t: int) -> SpanNode | None:
-    """The child span of `span` (not an import, not instant, not a process or startup span) that
-    ended last at or before t and started before it; None for an import (its nested imports stay
-    inside its step)."""
-    if span.phase == "import":
-        return None
-    rows = model.child_rows(span.idx)
-    if not len(rows):
-        return None
-    kids = model.spans.select(pl.all().gather(rows)).filter(
-        (pl.col("phase") != "import")
-        & ~pl.col("phase").is_in(list(STRUCTURAL_PHASES))
-        & ~pl.col("instant")
-        & (pl.col("duration") > 0)
-        & (pl.col("eff_end") <= t)
-        & (pl.col("start") < t)
-    )
-    if not kids.height:
-        return None
-    return model.node(int(kids["idx"][int(kids["eff_end"].arg_max() or 0)]))
+class _Steppable:
+    """Per span (numpy arrays over the model's table, made once per path): whether it can be a step
+    of its own inside its parent (not an import, a process or startup span, nor an instant, and it
+    lasted), its start and its end: the walk asks this of a chosen span's children at every step."""
+
+    def __init__(self, model: RunModel) -> None:
+        spans = model.spans
+        self.model = model
+        self.ok = (
+            ~spans["phase"].is_in(["import", *STRUCTURAL_PHASES]) & ~spans["instant"] & (spans["duration"] > 0)
+        ).to_numpy()
+        self.starts = spans["start"].to_numpy()
+        self.ends = spans["eff_end"].to_numpy()
+
+    def last_inner(self, span: SpanNode, t: int) -> SpanNode | None:
+        """The child span of `span` that can be a step and ended last at or before t, having started
+        before it; None for an import (its nested imports stay inside its step)."""
+        if span.phase == "import":
+            return None
+        rows = self.model.child_rows(span.idx)
+        if not len(rows):
+            return None
+        ends = self.ends[rows]
+        rows = rows[self.ok[rows] & (ends <= t) & (self.starts[rows] < t)]
+        if not len(rows):
+            return None
+        return self.model.node(int(rows[int(np.argmax(self.ends[rows]))]))
 
 
 def _last_ended(cand: _Candidates, model: RunModel, t: int) -> SpanNode | None:
