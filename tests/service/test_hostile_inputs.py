@@ -116,13 +116,14 @@ def test_one_span_count_per_run_when_two_runs_share_a_trace(client: TestClient) 
 
 def test_implausible_timestamps_are_named_and_kept_out_of_metrics(client: TestClient) -> None:
     run = _small("epoch0", trace_id="34" * 16)
+    run.processes[0].resource["service.name"] = "svc-epoch0"  # the service's newest run: this one
     run.processes[0].spans[3].start = 0  # start_time_unix_nano=0: 1970
     run.processes[0].spans[3].end = T0 + 3000
     _post(client, run)
     doc = client.get("/startup/epoch0", headers={"Accept": "application/json"}).json()
     assert any("implausible" in p and "1970-01-01" in p and "'s3'" in p for p in doc["problems"]), doc["problems"]
     metrics = client.get("/metrics").text
-    startup = re.search(r'starttrace_run_startup_seconds\{run_id="epoch0"[^}]*\} (\S+)', metrics)
+    startup = re.search(r'starttrace_run_startup_seconds\{service="svc-epoch0"\} (\S+)', metrics)
     # (the run has no ready: it is live, so its startup runs to now; 1970 would make it 1.8e9 s)
     assert startup is not None and float(startup.group(1)) < 30 * 86400, startup
     assert "s3" not in {row[2] for lane in doc["lanes"] for row in lane["spans"]}
