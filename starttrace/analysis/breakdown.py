@@ -172,13 +172,3 @@ _MAX = 2**63
 
 def _label(phase: str) -> str:
     return RENAMED.get(phase, phase)
-
-
-def run_breakdown(model: RunModel) -> dict[str, int]:
-    """The breakdown summed over the lanes that have one (process-seconds, nothing counted twice
-    within a process): label -> ns, most first."""
-    acc: dict[str, int] = {}
-    for lane in model.lanes:
-        for label, ns in lane.breakdown.items():
-            acc[label] = acc.get(label, 0) + ns
-    return dict(sorted(acc.items(), key=lambda item: (-item[1], item[0])))

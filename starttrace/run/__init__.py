@@ -73,16 +73,11 @@ class Span:
     thread: int | None = None
     instant: bool = False
     in_progress: bool = False  # still open; `end_ns` may then hold the last time it was seen
-    # a tuple, shared empty by nearly every span (a list each was 72 bytes of fresh memory per span);
-    # add one with `add_link`
-    links: tuple[Link, ...] = ()
+    links: tuple[Link, ...] = ()  # the `launched_by` link (`span_of`); the table keeps it as a column
 
     @property
     def open(self) -> bool:
         return self.in_progress or self.end_ns is None
-
-    def add_link(self, link: Link) -> None:
-        self.links = (*self.links, link)
 
     @property
     def duration_ns(self) -> int | None:
