@@ -10,6 +10,7 @@ and lets tables be as wide as their content.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,6 +86,11 @@ class Col:
     def natural(self) -> int:
         widths = [len(c if isinstance(c, str) else c(10_000)) for c in self.cells]
         return max([len(self.header), *widths])
+
+
+def _row(cols: Sequence[Col], *cells: Cell) -> None:
+    for col, cell in zip(cols, cells, strict=True):
+        col.cells.append(cell)
 
 
 def _table(console: Console, title: str | None, cols: Sequence[Col], wide: bool = False) -> None:
@@ -165,11 +171,11 @@ def _report_head(model: RunModel, console: Console) -> None:
     console.print(
         f"startup {model.startup_s:.3f} s  processes {len(model.lanes)}  spans {model.spans.height}", markup=False
     )
-    programs: dict[str, int] = {}
+    programs: Counter[str] = Counter()
     for problem in model.problems:
         found = _NOT_PYTHON.search(problem)
         if found:  # expected (uname, lscpu, gcc, ...): one line for all of them, the JSON lists each
-            programs[found.group(1)] = programs.get(found.group(1), 0) + 1
+            programs[found.group(1)] += 1
             continue
         console.print(Text(f"warning: {problem}", style="yellow"))
     if programs:
@@ -194,14 +200,10 @@ def _nodes(model: RunModel, console: Console, wide: bool) -> None:
         synced = {True: "synced", False: "NOT synced"}.get(ntp.get("ntp_synced"), "-")
         if isinstance(ntp.get("esterror_us"), (int, float)):
             synced += f" (est. error {ntp['esterror_us'] / 1000:.1f} ms)"
-        offset, error = row["offset_ns"], row["error_ns"]
-        cols[0].cells.append(row["node"])
-        cols[1].cells.append(_ranks_text(row["ranks"]))
-        cols[2].cells.append(str(len(row["lanes"])))
-        cols[3].cells.append("-" if offset is None else f"{offset / 1e6:+.3f}")
-        cols[4].cells.append("-" if error is None else f"{error / 1e6:.3f}")
-        cols[5].cells.append(row["method"] or "-")
-        cols[6].cells.append(synced)
+        offset = "-" if row["offset_ns"] is None else f"{row['offset_ns'] / 1e6:+.3f}"
+        error = "-" if row["error_ns"] is None else f"{row['error_ns'] / 1e6:.3f}"
+        clock = (offset, error, row["method"] or "-", synced)
+        _row(cols, row["node"], _ranks_text(row["ranks"]), str(len(row["lanes"])), *clock)
     _table(console, "nodes (offset: its clock minus the first node's, taken off its times)", cols, wide)
 
 
@@ -227,15 +229,14 @@ def _processes(model: RunModel, console: Console, wide: bool) -> None:
         if lane.after_ready:
             continue  # one line under the breakdown table
         tops = lane.top_imports if many else lane.top_imports[:1]
-        cols[0].cells.append(f"{lane.node}  {lane.label}" if lane.node else lane.label)
-        cols[1].cells.append(lane.start_method or "-")
-        cols[2].cells.append(_s(model.seconds(lane.ready_ns)))
-        cols[3].cells.append(f"{lane.import_ns / 1e9:.3f}")
-        cols[4].cells.append("-" if lane.coverage is None else f"{lane.coverage * 100:.0f}%")
         if many:
-            cols[5].cells.append(", ".join(f"{m} {d / 1e9:.3f}" for m, d in tops))
+            top: Cell = ", ".join(f"{m} {d / 1e9:.3f}" for m, d in tops)
         else:
-            cols[5].cells.append(_module_with(tops[0][0], f"{tops[0][1] / 1e9:.3f}") if tops else "")
+            top = _module_with(tops[0][0], f"{tops[0][1] / 1e9:.3f}") if tops else ""
+        label = f"{lane.node}  {lane.label}" if lane.node else lane.label
+        ready, imports = _s(model.seconds(lane.ready_ns)), f"{lane.import_ns / 1e9:.3f}"
+        coverage = "-" if lane.coverage is None else f"{lane.coverage * 100:.0f}%"
+        _row(cols, label, lane.start_method or "-", ready, imports, coverage, top)
     _table(console, "processes", cols, wide)
 
 
@@ -245,10 +246,9 @@ def _phases(model: RunModel, console: Console, wide: bool) -> None:
     lanes = [lane for lane in model.lanes if lane.breakdown]
     if not lanes:
         return
-    totals: dict[str, int] = {}
+    totals: Counter[str] = Counter()
     for lane in lanes:
-        for label, ns in lane.breakdown.items():
-            totals[label] = totals.get(label, 0) + ns
+        totals.update(lane.breakdown)
     # as many columns as the console has room for, the costliest first (all of them are in
     # `report --json` and on the web page)
     label_w = max(len(lane.label) for lane in lanes)
@@ -266,11 +266,8 @@ def _phases(model: RunModel, console: Console, wide: bool) -> None:
     )
     cols = [Col("process"), Col("total", "right")] + [Col(label, "right") for label in shown]
     for lane in lanes:
-        cols[0].cells.append(lane.label)
-        cols[1].cells.append(_s((lane.end - lane.start) / 1e9))
-        for col, label in zip(cols[2:], shown, strict=True):
-            ns = lane.breakdown.get(label)
-            col.cells.append(_s(ns / 1e9) if ns else "")
+        parts = [lane.breakdown.get(label) for label in shown]
+        _row(cols, lane.label, _s((lane.end - lane.start) / 1e9), *(_s(ns / 1e9) if ns else "" for ns in parts))
     _table(console, title, cols, wide)
     later = [lane for lane in model.lanes if lane.after_ready]
     if later:
@@ -284,9 +281,7 @@ def _phases(model: RunModel, console: Console, wide: bool) -> None:
         cols = [Col("phase", flex=True), Col("seconds", "right"), Col("share", "right")]
         total = sum(by_phase.values()) or 1
         for label, ns in by_phase.items():
-            cols[0].cells.append(label)
-            cols[1].cells.append(f"{ns / 1e9:.3f}")
-            cols[2].cells.append(f"{ns / total:.0%}")
+            _row(cols, label, f"{ns / 1e9:.3f}", f"{ns / total:.0%}")
         _table(console, "time to ready by phase", cols, wide)
 
 
@@ -301,7 +296,9 @@ def _weights_and_compile(model: RunModel, console: Console, wide: bool) -> None:
     cols = [Col("process")] + [Col(h, "right") for h in heads] + [Col("compile cache", flex=True)]
     for index in sorted(set(weights) | set(compiled)):
         w, c = weights.get(index), compiled.get(index)
-        cells = [
+        _row(
+            cols,
+            model.lanes[index].label,
             str(w["files"]) if w else "",
             f"{w['bytes'] / 1e9:.3f}" if w else "",
             _s(w["seconds"]) if w else "",
@@ -311,11 +308,8 @@ def _weights_and_compile(model: RunModel, console: Console, wide: bool) -> None:
             str(c["hits"]) if c else "",
             str(c["misses"]) if c else "",
             _s(model.lanes[index].breakdown.get("compile", 0) / 1e9) if c else "",
-        ]
-        cols[0].cells.append(model.lanes[index].label)
-        for col, cell in zip(cols[1:-1], cells, strict=True):
-            col.cells.append(cell)
-        cols[-1].cells.append(", ".join(c["cache_dirs"]) if c else "")
+            ", ".join(c["cache_dirs"]) if c else "",
+        )
     _table(console, "weights and compile", cols, wide)
 
 
@@ -330,28 +324,17 @@ def _in_progress(model: RunModel, console: Console, wide: bool) -> None:
         return
     cols = [Col("process"), Col("span", flex=True), Col("open for s", "right")]
     for lane, n in sorted(open_spans, key=lambda x: x[1].start - x[1].eff_end)[:20]:
-        cols[0].cells.append(lane.label)
-        cols[1].cells.append(_span_name(n.name))
-        cols[2].cells.append(f"{(n.eff_end - n.start) / 1e9:.3f}")
+        _row(cols, lane.label, _span_name(n.name), f"{(n.eff_end - n.start) / 1e9:.3f}")
     _table(console, "in progress", cols, wide)
 
 
 def _hotspots(model: RunModel, console: Console, wide: bool) -> None:
     if not model.hotspots:
         return
-    cols = [
-        Col("module", flex=True),
-        Col("cumulative s", "right"),
-        Col("self s", "right"),
-        Col("procs", "right"),
-        Col("ranks", "right"),
-    ]
+    cols = [Col("module", flex=True)] + [Col(h, "right") for h in ("cumulative s", "self s", "procs", "ranks")]
     for h in model.hotspots[:15]:
-        cols[0].cells.append(_fit_module(h["module"]))
-        cols[1].cells.append(f"{h['cumulative_s']:.3f}")
-        cols[2].cells.append(f"{h['self_s']:.3f}")
-        cols[3].cells.append(str(h["processes"]))
-        cols[4].cells.append(str(h["ranks_paid"]))
+        cells = (f"{h['cumulative_s']:.3f}", f"{h['self_s']:.3f}", str(h["processes"]), str(h["ranks_paid"]))
+        _row(cols, _fit_module(h["module"]), *cells)
     _table(console, "import hotspots (ranks: how many ranks paid for it)", cols, wide)
 
 
@@ -372,19 +355,15 @@ def _critical_path(model: RunModel, console: Console, wide: bool) -> None:
     steps = sorted(model.critical_path, key=lambda st: st.start - st.end)[:15]
     for st in sorted(steps, key=lambda st: st.start):
         suffix = "" if st.kind == "span" else f" ({st.kind})"
-        cols[0].cells.append(model.lanes[st.lane].label)
-        cols[1].cells.append(_with_suffix(st.name, suffix))
-        cols[2].cells.append(_s(model.seconds(st.start)))
-        cols[3].cells.append(f"{(st.end - st.start) / 1e9:.3f}")
+        name = _with_suffix(st.name, suffix)
+        _row(cols, model.lanes[st.lane].label, name, _s(model.seconds(st.start)), f"{(st.end - st.start) / 1e9:.3f}")
     _table(console, "critical path to ready", cols, wide)
     shares = path_by_lane(model.critical_path)
     if len(shares) > 1:
         total = sum(ns for _, ns in shares) or 1
         cols = [Col("process", flex=True), Col("seconds", "right"), Col("share", "right")]
         for lane, ns in shares[:8]:
-            cols[0].cells.append(model.lanes[lane].label)
-            cols[1].cells.append(f"{ns / 1e9:.3f}")
-            cols[2].cells.append(f"{ns / total:.0%}")
+            _row(cols, model.lanes[lane].label, f"{ns / 1e9:.3f}", f"{ns / total:.0%}")
         _table(console, "critical path per process", cols, wide)
 
 
@@ -400,11 +379,9 @@ def _with_suffix(name: str, suffix: str) -> Callable[[int], str]:
 def render_compare(cmp: Comparison, console: Console, wide: bool = False) -> None:
     s = cmp.summary
     console.print(Text(f"A {cmp.a}  vs  B {cmp.b}", style="bold"))
+    startup = s["startup_s"]
     console.print(
-        Text(
-            f"startup {s['startup_s']['a']:.3f} s -> {s['startup_s']['b']:.3f} s ({s['startup_s']['delta']:+.3f} s)",
-            style="bold",
-        )
+        Text(f"startup {startup['a']:.3f} s -> {startup['b']:.3f} s ({startup['delta']:+.3f} s)", style="bold")
     )
     for note in cmp.notes:
         console.print(Text(note))
@@ -422,10 +399,7 @@ def _delta_table(console: Console, title: str, rows: list[dict[str, Any]], wide:
         return
     cols = [Col("phase", flex=True), Col("A s", "right"), Col("B s", "right"), Col("delta s", "right")]
     for p in rows:
-        cols[0].cells.append(p["phase"])
-        cols[1].cells.append(_s(p["a"]))
-        cols[2].cells.append(_s(p["b"]))
-        cols[3].cells.append(_signed(p["delta"]))
+        _row(cols, p["phase"], _s(p["a"]), _s(p["b"]), _signed(p["delta"]))
     _table(console, title, cols, wide)
 
 
@@ -451,10 +425,9 @@ def _compare_nodes(cmp: Comparison, console: Console, wide: bool) -> None:
     cols = [Col("node (A / B)", flex=True)] + [Col(h, "right") for h in heads]
     for row in cmp.nodes:
         ready = row["time_to_ready_s"]
-        cols[0].cells.append(f"{row['node']}: {row['host_a'] or '-'} / {row['host_b'] or '-'}")
-        values = (_ranks_text(row["ranks_a"]), _ranks_text(row["ranks_b"]), _s(ready["a"]), _s(ready["b"]))
-        for col, value in zip(cols[1:], (*values, _signed(ready["delta"])), strict=True):
-            col.cells.append(value)
+        node = f"{row['node']}: {row['host_a'] or '-'} / {row['host_b'] or '-'}"
+        ranks = (_ranks_text(row["ranks_a"]), _ranks_text(row["ranks_b"]))
+        _row(cols, node, *ranks, _s(ready["a"]), _s(ready["b"]), _signed(ready["delta"]))
     _table(console, "per node", cols, wide)
 
 
@@ -462,16 +435,9 @@ def _compare_ranks(cmp: Comparison, console: Console, wide: bool) -> None:
     heads = ("ready A s", "ready B s", "delta s", "import A s", "import B s")
     cols = [Col("process", flex=True)] + [Col(h, "right") for h in heads]
     for r in cmp.ranks:
-        cols[0].cells.append(r["key"])
-        values = (
-            _s(r["time_to_ready_s"]["a"]),
-            _s(r["time_to_ready_s"]["b"]),
-            _signed(r["time_to_ready_s"]["delta"]),
-            _s(r["import_s"]["a"]),
-            _s(r["import_s"]["b"]),
-        )
-        for col, value in zip(cols[1:], values, strict=True):
-            col.cells.append(value)
+        ready, imports = r["time_to_ready_s"], r["import_s"]
+        times = (_s(ready["a"]), _s(ready["b"]), _signed(ready["delta"]))
+        _row(cols, r["key"], *times, _s(imports["a"]), _s(imports["b"]))
     _table(console, "per rank", cols, wide)
 
 
@@ -479,10 +445,8 @@ def _compare_modules(cmp: Comparison, console: Console, wide: bool) -> None:
     heads = ("A s", "B s", "delta s", "ranks A", "ranks B")
     cols = [Col("module", flex=True)] + [Col(h, "right") for h in heads]
     for m in cmp.modules[:20]:
-        cols[0].cells.append(_fit_module(m["module"]))
         values = (_s(m["a"]), _s(m["b"]), _signed(m["delta"]), str(m["ranks_paid_a"]), str(m["ranks_paid_b"]))
-        for col, value in zip(cols[1:], values, strict=True):
-            col.cells.append(value)
+        _row(cols, _fit_module(m["module"]), *values)
     _table(console, "modules (largest changes)", cols, wide)
 
 
@@ -498,22 +462,11 @@ def _preload_check(cmp: Comparison, console: Console, wide: bool) -> None:
         )
         for line in check["notes"]:
             console.print(Text(line))
-        cols = [
-            Col("rank", flex=True),
-            Col("predicted s", "right"),
-            Col("realised s", "right"),
-            Col("left in B s", "right"),
-        ]
+        cols = [Col("rank", flex=True)] + [Col(h, "right") for h in ("predicted s", "realised s", "left in B s")]
         for r in check["ranks"]:
-            cols[0].cells.append(r["key"])
-            cols[1].cells.append(_s(r["predicted_s"]))
-            cols[2].cells.append(_s(r["realised_s"]))
-            cols[3].cells.append(_s(r["still_imported_s"]))
+            _row(cols, r["key"], _s(r["predicted_s"]), _s(r["realised_s"]), _s(r["still_imported_s"]))
         ttr = check["time_to_ready"]
-        cols[0].cells.append("time to ready")
-        cols[1].cells.append(_s(-ttr["predicted_change_s"]))
-        cols[2].cells.append(_s(-ttr["realised_change_s"]))
-        cols[3].cells.append("")
+        _row(cols, "time to ready", _s(-ttr["predicted_change_s"]), _s(-ttr["realised_change_s"]), "")
         _table(console, "saving, predicted (A) vs realised (B)", cols, wide)
         console.print(Text(f"time to ready: the prediction is an estimate ({ttr['basis']})", style="dim"))
 
@@ -535,13 +488,9 @@ def render_advise(model: RunModel, console: Console, wide: bool = False) -> None
             continue
         cols = [Col("module", flex=True), Col("ranks", "right"), Col("s per rank", "right")]
         for d in f["modules_detail"]:
-            cols[0].cells.append(_fit_module(d["module"]))
-            cols[1].cells.append(str(d["ranks"]))
-            cols[2].cells.append(f"{d['seconds_per_rank']:.3f}")
+            _row(cols, _fit_module(d["module"]), str(d["ranks"]), f"{d['seconds_per_rank']:.3f}")
         small = f["small_modules"]
         if small["count"]:
-            cols[0].cells.append(f"({small['count']} more under 0.1 ms)")
-            cols[1].cells.append("")
-            cols[2].cells.append(f"{small['seconds_per_rank']:.3f}")
+            _row(cols, f"({small['count']} more under 0.1 ms)", "", f"{small['seconds_per_rank']:.3f}")
         who = f"forkserver pid {f['forkserver_pid']}" if f["forkserver_pid"] else f"ranks of pid {f['launcher_pid']}"
         _table(console, f"preload list for {who}", cols, wide)
