@@ -209,92 +209,59 @@ async def handle_traces(
     request bytes held at once. The answer waits until the spans are committed (or refused)."""
     ctype = media_type(request)
     enc_label = "protobuf" if ctype == PROTOBUF else "json" if ctype == JSON else "other"
+    retry = {"Retry-After": str(retry_after_s)}
+
+    def refuse(code: int, message: str, encoding: str = ctype, headers: dict[str, str] | None = None) -> Response:
+        count(enc_label, code)
+        return status_response(code, message, encoding, headers)
+
     if ctype not in (PROTOBUF, JSON):
-        count(enc_label, 415)
-        return status_response(415, f"unsupported content type {ctype!r}; use {PROTOBUF} or {JSON}", JSON)
+        return refuse(415, f"unsupported content type {ctype!r}; use {PROTOBUF} or {JSON}", JSON)
     held = _Held(budget)
     try:
-        return await _handle(
-            request,
-            store,
-            max_body,
-            count,
-            retry_after_s,
-            decoder,
-            held,
-            ctype,
-            enc_label,
-            ack_timeout_s,
-            body_timeout_s,
-        )
+        try:
+            body = await asyncio.wait_for(read_body(request, max_bytes=max_body, held=held), body_timeout_s)
+        except TimeoutError:  # half a body, then nothing: the connection is not held open
+            resp = refuse(408, f"request body not received within {body_timeout_s:g} s")
+            resp.headers["Connection"] = "close"
+            return resp
+        except BodyTooLarge:
+            return refuse(413, f"request body larger than {max_body} bytes (after decompression)")
+        except Busy:
+            return refuse(503, "too many request bytes in flight, retry later", headers=retry)
+        except UnsupportedEncoding as exc:
+            return refuse(415, f"unsupported content encoding {str(exc)!r}")
+        except BadRequest as exc:
+            return refuse(400, str(exc))
+        try:
+            decoded = await (decoder or Decoder(workers=0)).decode(body, ctype)
+        except BadRequest as exc:
+            return refuse(400, str(exc))
+        except (DecodeError, ValueError, TypeError, RecursionError, UnicodeDecodeError) as exc:
+            return refuse(400, f"undecodable request: {exc}")
+        del body
+        if decoded.batch.processes:
+            loop = asyncio.get_running_loop()
+            written: asyncio.Future[str | None] = loop.create_future()
+
+            def on_written(error: str | None) -> None:  # the writer thread, after its commit (or rollback)
+                loop.call_soon_threadsafe(_settle, written, error)
+
+            decoded.batch.on_written = on_written
+            try:
+                store.submit(decoded.batch)
+            except StoreSaturated:
+                return refuse(429, "ingest queue full, retry later", headers=retry)
+            try:
+                error = await asyncio.wait_for(asyncio.shield(written), ack_timeout_s)
+            except TimeoutError:
+                error = f"not stored within {ack_timeout_s:g} s"
+            if error is not None:  # nothing is acknowledged that is not on disk: the client sends it again
+                return refuse(503, f"spans not stored ({error}), retry later", headers=retry)
+        count(enc_label, 200)
+        return success_response(decoded.rejected, decoded.errors, ctype)
     finally:
         held.release()
-
-
-async def _handle(
-    request: Request,
-    store: Store,
-    max_body: int,
-    count: Callable[[str, int], None],
-    retry_after_s: int,
-    decoder: Decoder | None,
-    held: _Held,
-    ctype: str,
-    enc_label: str,
-    ack_timeout_s: float,
-    body_timeout_s: float | None,
-) -> Response:
-    retry = {"Retry-After": str(retry_after_s)}
-    try:
-        body = await asyncio.wait_for(read_body(request, max_bytes=max_body, held=held), body_timeout_s)
-    except TimeoutError:  # half a body, then nothing: the connection is not held open
-        count(enc_label, 408)
-        resp = status_response(408, f"request body not received within {body_timeout_s:g} s", ctype)
-        resp.headers["Connection"] = "close"
-        return resp
-    except BodyTooLarge:
-        count(enc_label, 413)
-        return status_response(413, f"request body larger than {max_body} bytes (after decompression)", ctype)
-    except Busy:
-        count(enc_label, 503)
-        return status_response(503, "too many request bytes in flight, retry later", ctype, headers=retry)
-    except UnsupportedEncoding as exc:
-        count(enc_label, 415)
-        return status_response(415, f"unsupported content encoding {str(exc)!r}", ctype)
-    except BadRequest as exc:
-        count(enc_label, 400)
-        return status_response(400, str(exc), ctype)
-    try:
-        decoded = await (decoder or Decoder(workers=0)).decode(body, ctype)
-    except BadRequest as exc:
-        count(enc_label, 400)
-        return status_response(400, str(exc), ctype)
-    except (DecodeError, ValueError, TypeError, RecursionError, UnicodeDecodeError) as exc:
-        count(enc_label, 400)
-        return status_response(400, f"undecodable request: {exc}", ctype)
-    del body
-    if decoded.batch.processes:
-        loop = asyncio.get_running_loop()
-        written: asyncio.Future[str | None] = loop.create_future()
-
-        def on_written(error: str | None) -> None:  # the writer thread, after its commit (or rollback)
-            loop.call_soon_threadsafe(_settle, written, error)
-
-        decoded.batch.on_written = on_written
-        try:
-            store.submit(decoded.batch)
-        except StoreSaturated:
-            count(enc_label, 429)
-            return status_response(429, "ingest queue full, retry later", ctype, headers=retry)
-        try:
-            error = await asyncio.wait_for(asyncio.shield(written), ack_timeout_s)
-        except TimeoutError:
-            error = f"not stored within {ack_timeout_s:g} s"
-        if error is not None:  # nothing is acknowledged that is not on disk: the client sends it again
-            count(enc_label, 503)
-            return status_response(503, f"spans not stored ({error}), retry later", ctype, headers=retry)
-    count(enc_label, 200)
-    return success_response(decoded.rejected, decoded.errors, ctype)
 
 
 def _settle(future: asyncio.Future[str | None], error: str | None) -> None:
