@@ -111,6 +111,19 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 COOKIE = "starttrace_token"
 
 
+async def _refuse(send: Send, status: int, body: bytes, headers: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+    """A JSON error answered by the middleware itself (the app never sees the request)."""
+    length = (b"content-length", str(len(body)).encode())
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), *headers, length],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 class TokenAuth:
     """Bearer token on every endpoint but /healthz. Browsers may open `/startup?token=...` once:
     the token is then kept in an HttpOnly, SameSite=Strict cookie for the page's own requests."""
@@ -150,18 +163,7 @@ class TokenAuth:
             await self.app(scope, receive, send_with_cookie)
             return
         body = b'{"error":"unauthorized: send Authorization: Bearer <token>"}'
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"www-authenticate", b'Bearer realm="starttrace"'),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await _refuse(send, 401, body, ((b"www-authenticate", b'Bearer realm="starttrace"'),))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,20 +234,9 @@ class HostGuard:
         if self.allows(host):
             await self.app(scope, receive, send)
             return
-        body = json.dumps(
-            {
-                "error": f"Host {host[:200]!r} is not a name of this service (DNS rebinding guard);"
-                " start it with --allow-host NAME to accept it"
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 421,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        error = f"Host {host[:200]!r} is not a name of this service (DNS rebinding guard)"
+        body = json.dumps({"error": f"{error}; start it with --allow-host NAME to accept it"}).encode()
+        await _refuse(send, 421, body)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,12 +283,9 @@ def _parse_time(value: str | None) -> int | None:
     a clear message for anything else, and for a time out of range (e.g. epoch milliseconds)."""
     if value is None or value == "":
         return None
-    secs: float | None
     try:
         secs = float(value)
     except ValueError:
-        secs = None
-    if secs is None:
         rel = _DURATION.match(value)
         if rel and rel.group(2):
             secs = time.time() - (parse_retention(value) or 0.0)
@@ -335,10 +323,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.clickhouse:
         cache.groups = store.groups  # type: ignore[assignment]
 
-    def facts_forget(run_ids: list[str]) -> None:
-        """Expired runs' facts go with them (embedded store; ClickHouse expires by its own TTL)."""
-        if run_ids and hasattr(facts, "forget"):
-            facts.forget(run_ids)
+    def expire() -> None:
+        """Drop runs past retention, their models and their facts (ClickHouse expires by its own TTL)."""
+        expired = store.expire(settings.retention_s)
+        cache.forget(expired)
+        if expired and hasattr(facts, "forget"):
+            facts.forget(expired)
 
     if settings.clickhouse:  # a hundred runs per load (two queries), not through the model cache
         prefetching = Prefetching(store.runs.load_runs)
@@ -363,9 +353,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         while not stop_maintenance.wait(60.0):
             if settings.retention_s is not None:
                 with contextlib.suppress(Exception):
-                    expired = store.expire(settings.retention_s)
-                    cache.forget(expired)
-                    facts_forget(expired)
+                    expire()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -374,9 +362,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             store.start()
             cache.start()
             if settings.retention_s is not None:
-                expired = store.expire(settings.retention_s)
-                cache.forget(expired)
-                facts_forget(expired)
+                expire()
             if watcher is not None:
                 watcher.start()
             deriver.start()
