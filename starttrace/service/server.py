@@ -129,22 +129,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--token")
     parser.add_argument("--retention")
     parser.add_argument("--decode-workers", type=int, default=1)
-    parser.add_argument("--allow-host", action="append", default=[])
-    parser.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S)
+    parser.add_argument("--allow-host", dest="allow_hosts", action="append", default=[])
+    parser.add_argument("--request-timeout", dest="request_timeout_s", type=float, default=REQUEST_TIMEOUT_S)
     parser.add_argument("--clickhouse")
-    args = parser.parse_args(argv)
-    serve(
-        args.host,
-        args.port,
-        args.db,
-        args.journal_dir,
-        args.token,
-        args.retention,
-        args.decode_workers,
-        args.allow_host,
-        args.request_timeout,
-        args.clickhouse,
-    )
+    serve(**vars(parser.parse_args(argv)))
 
 
 if __name__ == "__main__":
