@@ -86,7 +86,7 @@ class Span:
 
 # The attributes the analysis reads of (nearly) every span are columns of their own, read once by
 # the source; the others stay as the source holds them (`attrs`: JSON object text, or `attrs_pb`: the
-# span's raw OTLP protobuf bytes) and are decoded for the few rows that ask (`span_attrs`).
+# span's OTLP attribute entries, as received) and are decoded for the few rows that ask (`span_attrs`).
 PHASE_KEY = "starttrace.phase"
 MODULE_KEY = "starttrace.import.module"
 SELF_US_KEY = "starttrace.import.self_us"
@@ -109,7 +109,7 @@ SPAN_SCHEMA: dict[str, pl.DataType] = {
     "self_us": pl.Float64(),  # `starttrace.import.self_us`
     "launched_by": pl.String(),  # `starttrace.launched_by`: the span id of the request that made this process
     "attrs": pl.String(),  # every attribute as JSON object text (journals), else null
-    "attrs_pb": pl.Binary(),  # the span's raw OTLP protobuf bytes (OTLP sources), else null
+    "attrs_pb": pl.Binary(),  # OTLP sources: its attribute entries (a `Span` of field 9 alone), else null
 }
 
 _I64_MAX = 2**63 - 1

@@ -23,7 +23,7 @@ from starttrace.run import SPAN_SCHEMA, as_int64, column_values, decode_attrs
 
 # (trace_id, span_id, parent_id, name, start_ns, end_ns, in_progress, instant, attrs, error, thread
 #  [, phase, module, self_us, launched_by])
-# attrs: JSON object text (journal), or the span's raw OTLP protobuf bytes; the last four (the
+# attrs: JSON object text (journal), or the OTLP bytes of its attribute entries; the last four (the
 # column attributes, `run.COLUMN_KEYS`) when the source read them already, else read from attrs here
 SpanTuple = tuple[Any, ...]
 SPAN_FIELDS = 11  # a SpanTuple without its column attributes
@@ -158,7 +158,7 @@ def read_packed(bodies: Sequence[bytes], rows: Sequence[int]) -> tuple[pl.DataFr
     for the whole run, not one per batch. Batches of another schema message (written by another
     polars) or a damaged one: each read on its own."""
     schema: bytes | None = None
-    messages: list[memoryview] = []
+    stream = io.BytesIO()  # written, not joined: polars reads it without another copy
     for body in bodies:
         try:
             size = _schema_length(body)
@@ -166,13 +166,16 @@ def read_packed(bodies: Sequence[bytes], rows: Sequence[int]) -> tuple[pl.DataFr
             break
         if schema is None:
             schema = body[:size]
+            stream.write(schema)
         elif body[:size] != schema:
             break
-        messages.append(memoryview(body)[size:-8])
+        stream.write(memoryview(body)[size:-8])
     else:
         if schema is not None:
+            stream.write(_EOS)
+            stream.seek(0)
             try:
-                frame = pl.read_ipc_stream(b"".join([schema, *messages, _EOS]))
+                frame = pl.read_ipc_stream(stream)
             except Exception:  # a damaged batch: read them one by one below
                 frame = None
             if frame is not None and frame.schema == pl.Schema(STORED_SCHEMA) and frame.height == sum(rows):

@@ -3,7 +3,7 @@
 - OTLP/JSON ids are hex: they are converted before `json_format` reads the message (which would
   otherwise read them as base64).
 - Spans with bad ids or out-of-range times are rejected one by one (partial success).
-- Each span is kept as its raw protobuf bytes; the attributes the analysis reads of every span
+- Each span's attributes are kept as their raw protobuf bytes; those the analysis reads of every span
   (`run.COLUMN_KEYS`) are read once here, from the parsed span, and become columns of the stored
   batch; the others are decoded only for the rows that ask (`span_attrs`).
 """
@@ -109,24 +109,26 @@ def varint(n: int) -> bytes:
 
 
 def _build_lite_types() -> Any:
-    """`ExportTraceServiceRequest` with each span left as its raw bytes (same field numbers and
-    wire types): the receiver reads each span's fields from the request parsed with the OTLP schema
-    and stores these bytes as the span's attributes, so no attribute is read in Python at ingest."""
+    """`ExportTraceServiceRequest` with each span's attributes left as their raw bytes (same field
+    numbers and wire types), its other fields unknown: with those discarded, a span serializes as its
+    attribute entries alone, the bytes the store keeps (the receiver reads each span's fields from
+    the request parsed with the OTLP schema), so no attribute is decoded in Python at ingest."""
     from google.protobuf import descriptor_pb2
     from opentelemetry.proto.trace.v1 import trace_pb2 as _t  # noqa: F401  (registers the deps)
 
     fdp = descriptor_pb2.FieldDescriptorProto
     optional, repeated = fdp.LABEL_OPTIONAL, fdp.LABEL_REPEATED
     return message_class(
-        "starttrace/service/otlp_lite.proto",
+        "starttrace/sources/otlp_lite.proto",
         "starttrace.otlp_lite",
         ["opentelemetry/proto/common/v1/common.proto", "opentelemetry/proto/resource/v1/resource.proto"],
         [
+            ("Span", [("attributes", 9, fdp.TYPE_BYTES, repeated, "")]),
             (
                 "ScopeSpans",
                 [
                     ("scope", 1, fdp.TYPE_MESSAGE, optional, ".opentelemetry.proto.common.v1.InstrumentationScope"),
-                    ("spans", 2, fdp.TYPE_BYTES, repeated, ""),
+                    ("spans", 2, fdp.TYPE_MESSAGE, repeated, ".starttrace.otlp_lite.Span"),
                     ("schema_url", 3, fdp.TYPE_STRING, optional, ""),
                 ],
             ),
@@ -224,15 +226,16 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
 
     The request is parsed twice, each time whole and in C: with the OTLP schema, for each span's
     fields and its column attributes (a malformed span fails the request), and with `_LiteRequest`,
-    for each span's raw bytes. Those bytes (plus the scope name as one more attribute) are the stored
-    attributes, decoded only for the rows that ask (`run.decode_attrs`). Parsing each span on its own, as before, cost
-    ~3x more per span than this whole-request parse (a message and its arena per span)."""
+    for the raw bytes of each span's attribute entries. Those bytes (plus the scope name as one more
+    attribute) are the stored attributes, decoded only for the rows that ask (`run.decode_attrs`).
+    Parsing each span on its own cost ~3x more per span than this whole-request parse."""
     # Long by design: the ingest hot loop (every span of every request): names bound as locals and validation inlined,
     # measured for the ingest benchmark.
     if not isinstance(msg, bytes):
         msg = msg.SerializeToString()
     full = ExportTraceServiceRequest.FromString(msg)
     lite = _LiteRequest.FromString(msg)
+    lite.DiscardUnknownFields()  # each span: its attributes alone
     processes: list[ProcessBatch] = []
     accepted = rejected = 0
     errors: list[str] = []
@@ -266,7 +269,8 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
             suffix = None
             if scope and not scope.startswith("starttrace"):
                 suffix = _scope_suffix(scope)
-            for sp, raw in zip(ss.spans, ss_raw.spans, strict=True):
+            for sp, lite_span in zip(ss.spans, ss_raw.spans, strict=True):
+                raw = lite_span.SerializeToString()
                 tid = sp.trace_id
                 sid = sp.span_id
                 pid = sp.parent_span_id

@@ -8,7 +8,9 @@ Spans are stored packed: one row per (lane, trace) of each ingest batch (`span_b
 spans one Arrow IPC stream of the run's span columns (`sources.batches`: `run.SPAN_SCHEMA` but the
 lane), in arrival order. A row per span made SQLite's insert the bound of ingest
 (docs/benchmarks.md); one row per batch leaves it a blob write. A run is read back as one table:
-its batches' streams read as one, the lane a column from the batch rows (`load_rows`).
+its batches' streams read as one, the lane a column from the batch rows (`load_rows`); the newest
+batches the writer committed it also keeps as tables (`_FreshBatches`), so a run read right after
+its ingest reads no blob back.
 
 A span is unique by (trace_id, span_id): the same span arriving twice (twice the same OTLP batch,
 or through the journal and through an exporter) is one span of the run. A span still in progress
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from starttrace.run import SPAN_SCHEMA, Process, Run, Span, decode_attrs, int_or_none, span_of
@@ -166,10 +169,51 @@ _RUN_LANE_IDS = "SELECT id, lane_id FROM lanes WHERE run_id = ?"
 # in the lane index's order, sorted by seq in Python: an ORDER BY here copied every blob into a
 # temporary B-tree (four copies of the run's bytes)
 _RUN_BATCHES = (
-    "SELECT seq, lane, trace, spans, rows, body FROM span_batches WHERE lane IN (SELECT id FROM lanes WHERE run_id = ?)"
+    "SELECT seq, lane, trace, spans, rows FROM span_batches WHERE lane IN (SELECT id FROM lanes WHERE run_id = ?)"
+)
+_RUN_BODIES = (  # the bodies of a run's batches up to a seq (those `_FreshBatches` no longer holds)
+    "SELECT seq, body FROM span_batches WHERE seq <= ? AND lane IN (SELECT id FROM lanes WHERE run_id = ?)"
 )
 _SEQ = operator.itemgetter(0)
 _BATCH_INSERT = "INSERT INTO span_batches(lane, trace, spans, body, rows) VALUES (?, ?, ?, ?, ?)"
+
+
+# the newest batches the writer stored, kept as columns (`_FreshBatches`): ~250 bytes a span
+FRESH_SPANS = 500_000
+
+
+class _FreshBatches:
+    """The newest stored batches as columns (seq -> table), read from their streams by the writer
+    right after its commit, so that a run read just after its ingest reads no blob back (the first
+    answer after a bulk ingest). The oldest go first past `max_spans`; a delete empties it (SQLite
+    may give a deleted batch's seq to a new one)."""
+
+    def __init__(self, max_spans: int) -> None:
+        self.max_spans = max_spans
+        self._frames: dict[int, pl.DataFrame] = {}
+        self._spans = 0
+        self._lock = threading.Lock()
+
+    def add(self, seqs: list[int], bodies: list[bytes], rows: list[int]) -> None:
+        frame, counts = read_packed(bodies, rows)
+        with self._lock:
+            offset = 0
+            for seq, n in zip(seqs, counts, strict=True):
+                if n:
+                    self._frames[seq] = frame.slice(offset, n)
+                    self._spans += n
+                    offset += n
+            while self._spans > self.max_spans and self._frames:
+                self._spans -= self._frames.pop(next(iter(self._frames))).height
+
+    def get(self, seqs: Iterable[int]) -> dict[int, pl.DataFrame]:
+        with self._lock:
+            return {seq: frame for seq in seqs if (frame := self._frames.get(seq)) is not None}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._frames.clear()
+            self._spans = 0
 
 
 class SchemaError(RuntimeError):
@@ -365,6 +409,7 @@ class Store:
             upgrade_span_rows(self._writer_conn)  # schema 2 or 3: one row per span
         self._writer_conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._span_keys = _SpanKeys()
+        self._fresh = _FreshBatches(FRESH_SPANS)
         # The writer checkpoints the WAL itself: when ingest goes idle, else every
         # CHECKPOINT_SPANS spans (SQLite's automatic checkpoint would copy pages to the database
         # file, and fsync it, in the middle of a burst, on the writer's critical path).
@@ -587,8 +632,7 @@ class Store:
                         touched.setdefault(meta.run_id, [meta.trace_id, meta.service, "journal", None, None])
                     for proc in batch.processes:
                         self._write_process(conn, proc, touched, stored, pending)
-                if pending:
-                    conn.executemany(_BATCH_INSERT, pending)
+                seqs = [conn.execute(_BATCH_INSERT, row).lastrowid for row in pending]
                 self._span_keys.trim()
                 for run_id, (trace_id, service, source, first, last) in touched.items():
                     conn.execute(
@@ -607,6 +651,13 @@ class Store:
                     )
                 conn.execute("COMMIT")
                 _acknowledge(batches)  # on disk now: the receiver answers while the rest goes on
+                if pending:
+                    try:
+                        self._fresh.add([int(q) for q in seqs], [r[3] for r in pending], [r[4] for r in pending])
+                    except Exception as exc:  # only a shortcut: runs are read from the blobs instead
+                        self._fresh.clear()
+                        if not any(e.startswith("fresh batches") for e in self.errors):
+                            self.errors.append(f"fresh batches not kept: {type(exc).__name__}: {exc}")
             except BaseException:
                 conn.execute("ROLLBACK")
                 self._lane_ids.clear()  # ids created by the rolled-back transaction
@@ -902,6 +953,11 @@ class Store:
             problems = [str(r[0]) for r in conn.execute("SELECT message FROM problems WHERE run_id = ?", (run_id,))]
             lane_names = dict(conn.execute(_RUN_LANE_IDS, (run_id,)).fetchall())
             batches = conn.execute(_RUN_BATCHES, (run_id,)).fetchall()
+            tables: dict[int, pl.DataFrame | bytes] = dict(self._fresh.get(b[0] for b in batches))
+            missing = [b[0] for b in batches if b[0] not in tables]
+            if missing:
+                for seq, body in conn.execute(_RUN_BODIES, (max(missing), run_id)):
+                    tables.setdefault(seq, body)
         finally:
             conn.execute("COMMIT")
         for p in procs:
@@ -909,7 +965,7 @@ class Store:
                 p[key] = json.loads(p[key]) if p[key] else ({} if key == "resource" else [])
         batches.sort(key=_SEQ)  # arrival order (one row per batch: a few hundred)
         spans, unreadable = spans_of_batches(
-            [(lane_names.get(b[1], f"lane:{b[1]}"), int(b[2]), int(b[3]), int(b[4]), b[5]) for b in batches]
+            [(lane_names.get(b[1], f"lane:{b[1]}"), int(b[2]), int(b[3]), int(b[4]), tables[b[0]]) for b in batches]
         )
         if unreadable:
             problems.append(f"{unreadable} stored span batch(es) of this run could not be read and were left out")
@@ -989,6 +1045,7 @@ class Store:
                 self._lane_ids.clear()
                 self._iid_owners.clear()
                 self._span_keys.reset()
+                self._fresh.clear()
         self._unchecked_spans += len(ids)
         for rid in ids:
             for t, r in list(self._trace_runs.items()):
@@ -1009,11 +1066,23 @@ class Store:
         return ids
 
 
-def spans_of_batches(batches: list[tuple[str, int, int, int, bytes]]) -> tuple[pl.DataFrame, int]:
-    """Stored batches (lane id, trace ref, new spans, rows, body), in arrival order, as the run's span
-    table (run.SPAN_SCHEMA), every span once (`merge_copies`, only when a batch repeats spans), and
-    how many batches could not be read."""
-    frame, counts = read_packed([b[4] for b in batches], [b[3] for b in batches])
+def spans_of_batches(batches: list[tuple[str, int, int, int, bytes | pl.DataFrame]]) -> tuple[pl.DataFrame, int]:
+    """Stored batches (lane id, trace ref, new spans, rows, body or its table), in arrival order, as
+    the run's span table (run.SPAN_SCHEMA), every span once (`merge_copies`, only when a batch
+    repeats spans), and how many batches could not be read."""
+    bodies = [b for b in batches if isinstance(b[4], bytes)]
+    frame, counts = read_packed([b[4] for b in bodies], [b[3] for b in bodies])  # type: ignore[misc]
+    if len(bodies) < len(batches):  # some read already (`_FreshBatches`): the tables in order
+        read, offsets = iter(counts), iter(np.cumsum([0, *counts]).tolist())
+        parts, counts = [], []
+        for b in batches:
+            if isinstance(b[4], pl.DataFrame):
+                parts.append(b[4])
+                counts.append(b[4].height)
+            else:
+                counts.append(next(read))
+                parts.append(frame.slice(next(offsets), counts[-1]))
+        frame = pl.concat(parts, how="vertical", rechunk=False).clone()  # a frame of its own: columns go in below
     unreadable = sum(1 for b, n in zip(batches, counts, strict=True) if n == 0 and b[3])
     kept = [(b[0], b[1], n) for b, n in zip(batches, counts, strict=True) if n]
     repeats = any(b[2] < n for b, n in zip(batches, counts, strict=True) if n)

@@ -130,14 +130,18 @@ def _reference(batches: list[tuple[str, int, pl.DataFrame]]) -> pl.DataFrame:
     return pl.DataFrame(out, schema=SPAN_SCHEMA)
 
 
+@pytest.mark.parametrize("fresh_spans", [store_module.FRESH_SPANS, 150, 0], ids=["fresh", "some-fresh", "stored"])
 @pytest.mark.parametrize("seed", range(8))
-def test_spans_read_as_folded_copy_by_copy(tmp_path: Path, seed: int) -> None:
+def test_spans_read_as_folded_copy_by_copy(tmp_path: Path, seed: int, fresh_spans: int) -> None:
     """Batches of three lanes and two traces, some repeating spans of other lanes' batches (in
     progress, then ended, or ended twice with other attributes or the same), in random order and
-    sizes: the table read back (one table operation for the repeats) is the copy-by-copy fold."""
+    sizes: the table read back (one table operation for the repeats) is the copy-by-copy fold;
+    whether the batches are read from the store's blobs, from the tables the writer kept of the
+    newest ones (`_FreshBatches`), or from both."""
     rng = random.Random(seed)
     db = tmp_path / "s.db"
     st = Store(db)
+    st._fresh.max_spans = fresh_spans
     traces = ["ab" * 16, "cd" * 16]
     sent: list[SpanTuple] = []
     for _ in range(40):
@@ -171,16 +175,20 @@ def test_spans_read_as_folded_copy_by_copy(tmp_path: Path, seed: int) -> None:
     batches = [(lane, trace, unpack_spans(body)) for lane, trace, _, body in stored]
     assert any(n < f.height for (_, _, n, _), (_, _, f) in zip(stored, batches, strict=True))  # some repeat spans
     want = _reference(batches)
-    got = st.load_rows("r")
-    assert got is not None
-    assert got.spans.equals(want)
+    fresh = st._fresh.get(range(len(stored) + 1))
+    assert (len(fresh) == len(stored)) if fresh_spans > 1000 else (len(fresh) < len(stored))
+    assert bool(fresh) == (fresh_spans > 0)
+    for _ in range(2):  # read twice: a read leaves the tables it took as they were
+        got = st.load_rows("r")
+        assert got is not None
+        assert got.spans.equals(want)
     assert want.height == st.count_spans("r")
     st.close()
 
 
 def test_every_column_round_trips(tmp_path: Path) -> None:
     """What a source hands the store comes back column by column: OTLP spans (the column
-    attributes read at decode, the raw bytes kept) and journal spans (JSON text)."""
+    attributes read at decode, the attribute entries' raw bytes kept) and journal spans (JSON text)."""
     req = ExportTraceServiceRequest()
     rs = req.resource_spans.add()
     for key, value in (("starttrace.run_id", "r"), ("service.instance.id", "proto")):
@@ -213,13 +221,15 @@ def test_every_column_round_trips(tmp_path: Path) -> None:
     rows = st.load_rows("r")
     assert rows is not None
     got = _rows(rows.spans)
-    raw_a = a.SerializeToString()
+    attrs_only = type(a)()
+    attrs_only.attributes.extend(a.attributes)
+    raw_a = attrs_only.SerializeToString()
     assert {k: v for k, v in got["0000000000000001"].items() if k != "attrs_pb"} == {
         "lane": "proto", "span_id": "0000000000000001", "parent_id": None, "name": "import m", "start": 5, "end": 9,
         "in_progress": False, "instant": False, "error": None, "thread": None, "phase": "import", "module": "m",
         "self_us": 12.0, "launched_by": None, "attrs": None,
     }  # fmt: skip
-    assert got["0000000000000001"]["attrs_pb"] == raw_a  # the span's bytes as received (its scope has no name)
+    assert got["0000000000000001"]["attrs_pb"] == raw_a  # its attribute entries as received (its scope has no name)
     assert decode_attrs(None, got["0000000000000001"]["attrs_pb"])["code.file.path"] == "/m.py"
     assert {k: got["0000000000000002"][k] for k in ("parent_id", "in_progress", "instant", "error", "launched_by")} == {
         "parent_id": "0000000000000001", "in_progress": True, "instant": False, "error": "boom",
@@ -523,4 +533,20 @@ def test_implausible_spans_left_out_and_named(tmp_path: Path) -> None:
     assert run.spans["span_id"].to_list() == ["a" * 16, "d" * 16]
     assert len(run.problems) == 1 and run.problems[0].startswith("worker pid 0: 2 spans with implausible times")
     assert "1970-01-01T00:00:00Z" in run.problems[0]
+    st.close()
+
+
+def test_deleted_run_leaves_no_fresh_table_behind(tmp_path: Path) -> None:
+    """SQLite gives a new batch the seq of the newest deleted one: the tables the writer kept go
+    with a delete, so a run written after it reads its own spans (and reads them again: a read
+    leaves the table it takes as it was)."""
+    st = Store(tmp_path / "s.db")
+    st.ingest_now(_batch([_span(i, 5000) for i in range(5)]))
+    st.delete_runs(["r"])
+    assert not st._fresh.get(range(10))
+    st.ingest_now(_batch([_span(i, 5000) for i in range(100, 103)]))
+    for _ in range(2):  # one batch, its table taken as it is: a read leaves it as it was
+        rows = st.load_rows("r")
+        assert rows is not None
+        assert rows.spans["span_id"].to_list() == [f"{i:016x}" for i in range(100, 103)]
     st.close()
