@@ -4,7 +4,7 @@ critical path), per rank, per module, and the findings' predicted savings agains
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from starttrace.analysis.critical_path import path_phases
@@ -31,19 +31,7 @@ class Comparison:
     compile_checks: list[dict[str, Any]] = field(default_factory=list)  # cold_compile: predicted vs realised
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "a": self.a,
-            "b": self.b,
-            "summary": self.summary,
-            "phases": self.phases,
-            "ranks": self.ranks,
-            "modules": self.modules,
-            "notes": self.notes,
-            "preload_checks": self.preload_checks,
-            "nodes": self.nodes,
-            "ready_by_phase": self.ready_by_phase,
-            "compile_checks": self.compile_checks,
-        }
+        return asdict(self)
 
 
 def _delta(a: float | None, b: float | None) -> float | None:
@@ -85,7 +73,7 @@ def compare(a: RunModel, b: RunModel) -> Comparison:
         a=a.run_id,
         b=b.run_id,
         summary=summary,
-        phases=_phases(a, b),
+        phases=_deltas(_phase_totals(a), _phase_totals(b)),
         ranks=_ranks(a, b),
         modules=_modules(a, b)[:MAX_MODULES],
         notes=notes,
@@ -98,11 +86,7 @@ def compare(a: RunModel, b: RunModel) -> Comparison:
 
 def _summary(a: RunModel, b: RunModel) -> dict[str, Any]:
     return {
-        "startup_s": {
-            "a": round(a.startup_s, 6),
-            "b": round(b.startup_s, 6),
-            "delta": round(b.startup_s - a.startup_s, 6),
-        },
+        "startup_s": _pair(a.startup_s, b.startup_s),
         "processes": {"a": len(a.lanes), "b": len(b.lanes), "delta": len(b.lanes) - len(a.lanes)},
         "spans": {"a": a.spans.height, "b": b.spans.height, "delta": b.spans.height - a.spans.height},
         "status": {"a": a.status, "b": b.status},
@@ -120,10 +104,6 @@ def _phase_totals(m: RunModel) -> dict[str, int]:
         for label, ns in lane.breakdown.items():
             tot[label] += ns
     return tot
-
-
-def _phases(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
-    return _deltas(_phase_totals(a), _phase_totals(b))
 
 
 def _deltas(pa: dict[str, int], pb: dict[str, int]) -> list[dict[str, Any]]:
@@ -153,7 +133,7 @@ def _ranks(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
     """Lanes matched by role and rank (else role and order), side by side."""
     ka, kb = _lane_keys(a), _lane_keys(b)
     ranks = []
-    for key in list(dict.fromkeys(list(ka) + list(kb))):
+    for key in dict.fromkeys([*ka, *kb]):
         la, lb = ka.get(key), kb.get(key)
         ta = a.seconds(la.ready_ns) if la is not None else None
         tb = b.seconds(lb.ready_ns) if lb is not None else None

@@ -20,7 +20,6 @@ its 8192-value sample).
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -232,7 +231,3 @@ def answer(by: str, key: str, groups: list[dict[str, Any]], slowest: list[dict[s
         "slowest": slowest,
         "regressions": regressions(groups) if key == "service.version" else [],
     }
-
-
-def facts_json(facts: dict[str, Any]) -> str:
-    return json.dumps(facts, separators=(",", ":"), sort_keys=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from starttrace.run import Run
 from starttrace.sources.clickhouse import ClickHouseRuns
@@ -22,13 +21,8 @@ class SingleRuns:
     """What the model cache asks of `sources.run_groups.RunGroups`, for runs that stand alone."""
 
     def __init__(self, runs: ClickHouseRuns) -> None:
-        self.runs = runs
-
-    def version(self, run_id: str) -> int | None:
-        return self.runs.run_version(run_id)
-
-    def load(self, run_id: str) -> Run | None:
-        return self.runs.load_run(run_id)
+        self.version: Callable[[str], int | None] = runs.run_version
+        self.load: Callable[[str], Run | None] = runs.load_run
 
 
 class ClickHouseStore:
@@ -42,8 +36,13 @@ class ClickHouseStore:
         self.errors: list[str] = []
         self.on_runs_written: Callable[[list[str]], None] | None = None
         self._views: dict[tuple[str, str], tuple[int, bytes]] = {}
+        # what the app and the model cache call, answered from otel_traces
+        self.latest_run_id = self.runs.latest_run_id
+        self.newest_run_ids = self.runs.newest_run_ids
+        self.list_runs = self.runs.list_runs
+        self.run_version = self.runs.run_version
+        self.load_run = self.runs.load_run
 
-    # what the app and the model cache call
     def start(self) -> None:
         pass
 
@@ -53,21 +52,6 @@ class ClickHouseStore:
     @contextlib.contextmanager
     def deferring_checkpoints(self) -> Iterator[None]:
         yield
-
-    def latest_run_id(self) -> str | None:
-        return self.runs.latest_run_id()
-
-    def newest_run_ids(self, n: int) -> list[str]:
-        return self.runs.newest_run_ids(n)
-
-    def list_runs(self, **kw: Any) -> list[dict[str, Any]]:
-        return self.runs.list_runs(**kw)
-
-    def run_version(self, run_id: str) -> int | None:
-        return self.runs.run_version(run_id)
-
-    def load_run(self, run_id: str) -> Run | None:
-        return self.runs.load_run(run_id)
 
     def load_view(self, run_id: str, kind: str) -> tuple[int, bytes] | None:
         return self._views.get((run_id, kind))

@@ -59,19 +59,6 @@ def derive(
     return failed
 
 
-def derive_missing(
-    sink: FactsSink,
-    load: ModelLoader,
-    limit: int = 1000,
-    idle_s: float = 5.0,
-    on_facts: Callable[[dict[str, Any]], None] | None = None,
-) -> int:
-    """Derive the facts of up to `limit` runs that lack them; how many were looked at."""
-    ids = sink.missing(limit=limit, idle_s=idle_s, facts_version=FACTS_VERSION)
-    derive(ids, load, sink, on_facts)
-    return len(ids)
-
-
 def fleet_of(
     facts: Any,
     by: str,
@@ -109,18 +96,18 @@ class FactsDeriver:
         self._thread: threading.Thread | None = None
 
     def run_once(self, limit: int = 1000) -> int:
+        """Derive the facts of up to `limit` runs that lack them; how many were looked at."""
         with self._lock:
             try:
                 ids = self.sink.missing(limit=limit, idle_s=self.idle_s, facts_version=FACTS_VERSION)
                 failed = derive(ids, self.load, self.sink, self.on_facts)
-                if failed:
-                    self.errors.append(f"deriving fleet facts: {len(failed)} run(s) failed, e.g. {failed[0]}")
-                    del self.errors[:-20]
-                return len(ids)
+                error = f"{len(failed)} run(s) failed, e.g. {failed[0]}" if failed else None
             except Exception as exc:  # /healthz reports it; the next turn tries again
-                self.errors.append(f"deriving fleet facts: {type(exc).__name__}: {exc}")
+                ids, error = [], f"{type(exc).__name__}: {exc}"
+            if error is not None:
+                self.errors.append(f"deriving fleet facts: {error}")
                 del self.errors[:-20]
-                return 0
+            return len(ids)
 
     def start(self) -> None:
         if self._thread is None:
@@ -209,15 +196,14 @@ def cli_answer(
     from starttrace.sources.facts_store import FactsStore
     from starttrace.sources.store import Store
 
-    path = db
-    if path is None or not Path(path).exists():
-        raise ValueError(f"no store at {path}: pass --db or --clickhouse")
-    store = Store(path)
+    if db is None or not Path(db).exists():
+        raise ValueError(f"no store at {db}: pass --db or --clickhouse")
+    store = Store(db)
     try:
-        facts = FactsStore(path)
+        facts = FactsStore(db)
         if derive_first:
             derive_all(facts, direct_loader(store.load_run))
-        return dict(fleet_of(facts, by, since_ns, until_ns, service), source=str(path))
+        return dict(fleet_of(facts, by, since_ns, until_ns, service), source=str(db))
     finally:
         store.close()
 
