@@ -27,10 +27,11 @@ from __future__ import annotations
 import bisect
 import heapq
 
+import numpy as np
 import polars as pl
 
 from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, RunModel
-from starttrace.analysis.table import as_int64, span_table
+from starttrace.analysis.table import as_int64
 
 UNEXPLAINED = "unexplained"
 WAIT = "wait"
@@ -58,29 +59,29 @@ def set_breakdowns(model: RunModel) -> None:
     windows = lane_windows(model)
     if windows.is_empty():
         return
-    table = span_table(model)
-    work = table.filter(~pl.col("instant") & ~pl.col("phase").is_in(list(STRUCTURAL_PHASES)))
-    parents = table.select(pl.col("idx").alias("parent"), pl.col("phase").alias("parent_phase"))
+    table = model.spans
+    work = ~model.array("instant") & ~table["phase"].is_in(STRUCTURAL_PHASES).to_numpy()
+    parent, phase = model.array("parent"), model.array("phase_code")
+    top = parent < 0
+    # spans whose phase is their parent's change no innermost phase; a wait for a process that is
+    # not traced (gcc under Inductor) is the enclosing phase's work
+    changing = work & (top | (phase[np.maximum(parent, 0)] != phase))
     untraced = untraced_waits(model, work)
-    changing = (
-        work.join(parents, on="parent", how="left")
-        # a wait for a process that is not traced (gcc under Inductor) is the enclosing phase's work
-        .with_columns(
-            pl.when(pl.col("idx").is_in(untraced) & pl.col("parent_phase").is_not_null())
-            .then(pl.col("parent_phase"))
-            .otherwise(pl.col("phase"))
-            .alias("phase")
-        )
-        .filter(pl.col("parent_phase").is_null() | (pl.col("parent_phase") != pl.col("phase")))
-        .join(windows, on="lane", how="inner")
+    changing[untraced] &= top[untraced]
+    rows = (
+        table.lazy()
+        .select("lane", "start", pl.col("eff_end").alias("end"), "depth", "phase")
+        .filter(pl.lit(pl.Series(changing)))
+        .join(windows.lazy(), on="lane", how="inner", maintain_order="left")
         .with_columns(
             pl.max_horizontal("start", "w_start").alias("s"),
             pl.min_horizontal("end", "w_end").alias("e"),
         )
         .filter(pl.col("e") > pl.col("s"))
         .sort("lane", "s", "depth")
+        .collect()
     )
-    by_lane = {key[0]: part for key, part in changing.partition_by("lane", as_dict=True).items()}
+    by_lane = {key[0]: part for key, part in rows.partition_by("lane", as_dict=True).items()}
     for lane_index, w_start, w_end in windows.iter_rows():
         part = by_lane.get(lane_index)
         spans = (
@@ -101,11 +102,12 @@ def set_breakdowns(model: RunModel) -> None:
         lane.breakdown = totals(lane.timeline)
 
 
-def untraced_waits(model: RunModel, work: pl.DataFrame) -> list[int]:
-    """The `process.wait` spans (by idx) whose child has no lane: a program that is not Python
-    (a compiler), or one that ran untraced. Their time is the waiting span's own work."""
+def untraced_waits(model: RunModel, work: np.ndarray) -> list[int]:
+    """The `process.wait` spans (by idx) of the rows `work` marks whose child has no lane: a
+    program that is not Python (a compiler), or one that ran untraced. Their time is the waiting
+    span's own work."""
     traced = {lane.pid for lane in model.lanes if lane.pid is not None}
-    waits = work.filter(pl.col("name") == "process.wait")["idx"].to_list()
+    waits = model.core.filter(pl.lit(pl.Series(work)) & (pl.col("name") == "process.wait"))["idx"].to_list()
     return [i for i in waits if model.attrs_of(i).get("starttrace.child_pid") not in traced]
 
 

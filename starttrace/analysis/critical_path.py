@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,24 +184,20 @@ def _candidates(model: RunModel) -> tuple[list[_Candidates], list[np.ndarray]]:
     """Per lane, the spans that can be on the path (sorted by end), and their ends."""
     proc = [ln.process_span.idx for ln in model.lanes if ln.process_span is not None]
     cand = (
-        model.spans.filter(
-            ~pl.col("phase").is_in(list(STRUCTURAL_PHASES))
+        model.spans.lazy()
+        .select("lane", "idx", "start", "eff_end", "duration", "phase", "instant")
+        .filter(
+            ~pl.col("phase").is_in(STRUCTURAL_PHASES)
             & ~pl.col("idx").is_in(proc)
             & ~pl.col("instant")
             & (pl.col("duration") > 0)
         )
-        .select("lane", "idx", "start", "eff_end", "duration")
         .sort(["lane", "eff_end", "duration", "idx"], descending=[False, False, True, False])
+        .collect()
     )
-    parts = {key[0]: part for key, part in cand.partition_by("lane", as_dict=True).items()} if cand.height else {}
-    empty = np.zeros(0, dtype=np.int64)
-    per_lane = []
-    for lane in model.lanes:
-        part = parts.get(lane.index)
-        if part is None:
-            per_lane.append(_Candidates(empty, empty, empty))
-        else:
-            per_lane.append(_Candidates(part["idx"].to_numpy(), part["start"].to_numpy(), part["eff_end"].to_numpy()))
+    rows, starts, ends = (cand[c].to_numpy() for c in ("idx", "start", "eff_end"))
+    bounds = np.searchsorted(cand["lane"].to_numpy(), np.arange(len(model.lanes) + 1))
+    per_lane = [_Candidates(rows[a:b], starts[a:b], ends[a:b]) for a, b in itertools.pairwise(bounds)]
     return per_lane, [c.ends for c in per_lane]
 
 
@@ -240,13 +237,14 @@ class _Steppable:
     lasted), its start and its end: the walk asks this of a chosen span's children at every step."""
 
     def __init__(self, model: RunModel) -> None:
-        spans = model.spans
         self.model = model
         self.ok = (
-            ~spans["phase"].is_in(["import", *STRUCTURAL_PHASES]) & ~spans["instant"] & (spans["duration"] > 0)
-        ).to_numpy()
-        self.starts = spans["start"].to_numpy()
-        self.ends = spans["eff_end"].to_numpy()
+            ~model.spans["phase"].is_in(["import", *STRUCTURAL_PHASES]).to_numpy()
+            & ~model.array("instant")
+            & (model.array("duration") > 0)
+        )
+        self.starts = model.array("start")
+        self.ends = model.array("eff_end")
 
     def last_inner(self, span: SpanNode, t: int) -> SpanNode | None:
         """The child span of `span` that can be a step and ended last at or before t, having started

@@ -7,6 +7,7 @@ gaps, ready and top imports, the import hotspots. Python loops run over lanes, n
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -111,8 +112,9 @@ def _all_spans(run: Run, lanes_by_id: dict[str, Lane]) -> pl.DataFrame:
     """The run's span table with its root spans, each in the lane of the process it belongs to,
     and `seq`, the order the source gave (ties of start keep it)."""
     roots = []
+    processes = dataclasses.replace(run, spans=run.spans.filter(pl.col("name") == "process"))  # what root_owner reads
     for s in run.root_spans:  # one root per node
-        owner = run.root_owner(s)
+        owner = processes.root_owner(s)
         if owner is not None and owner.instance_id in lanes_by_id:
             roots.append((owner.instance_id, s))
     parts = [spans_table(roots)] if roots else []
@@ -238,21 +240,21 @@ def _rows_of(ids: pl.Series, wanted: pl.Series) -> np.ndarray:
     """For each value of `wanted`: the first row of `ids` that holds it (-1: none, or null). Joined
     on the ids' 64-bit hashes (a string join costs ~10x more); a match is taken when a second,
     independent hash agrees too (two ids alike in both: ~2**-128)."""
-    table = pl.DataFrame({"h": ids.hash(), "row": pl.int_range(len(ids), dtype=pl.Int64, eager=True)})
-    table = table.unique("h", keep="first", maintain_order=True)
-    got = pl.DataFrame({"h": wanted.hash()}).join(table, on="h", how="left", maintain_order="left")["row"]
-    found = got.fill_null(-1).to_numpy().astype(np.int64)
+    table = ids.hash().to_frame("h").with_row_index("row")
+    keys = wanted.hash().to_frame("h")
+    got = keys.join(table, on="h", how="left", maintain_order="left")
+    if got.height != keys.height:  # a wanted hash held by several rows: its first row (rare, and costly)
+        got = keys.join(table.unique("h", keep="first", maintain_order=True), on="h", how="left", maintain_order="left")
+    found = got["row"].cast(pl.Int64).fill_null(-1).to_numpy(writable=True)
     found[~wanted.is_not_null().to_numpy()] = -1
     check = np.flatnonzero(found >= 0)
     second_ids = ids.hash(seed=7).to_numpy()
     second_wanted = wanted.hash(seed=7).to_numpy()
     wrong = check[second_ids[found[check]] != second_wanted[check]]
     if len(wrong):  # a hash shared by two ids: those rows by their strings
-        exact = pl.DataFrame({"id": ids, "row": pl.int_range(len(ids), dtype=pl.Int64, eager=True)}).unique(
-            "id", keep="first", maintain_order=True
-        )
+        exact = ids.to_frame("id").with_row_index("row").unique("id", keep="first", maintain_order=True)
         again = pl.DataFrame({"id": wanted.gather(wrong)}).join(exact, on="id", how="left", maintain_order="left")
-        found[wrong] = again["row"].fill_null(-1).to_numpy()
+        found[wrong] = again["row"].cast(pl.Int64).fill_null(-1).to_numpy()
     return found
 
 
@@ -266,13 +268,14 @@ def _linked(frame: pl.DataFrame) -> pl.DataFrame:
 
 def _depths(same: np.ndarray) -> np.ndarray:
     depth = np.zeros(len(same), dtype=np.int32)
-    cur = same.copy()
-    for _ in range(MAX_DEPTH):
-        live = cur >= 0
-        if not live.any():
+    rows = np.flatnonzero(same >= 0)
+    cur = same[rows]
+    for _ in range(MAX_DEPTH):  # each step: the rows with an ancestor that far up
+        if not len(rows):
             break
-        depth[live] += 1
-        cur[live] = same[cur[live]]
+        depth[rows] += 1
+        cur = same[cur]
+        rows, cur = rows[cur >= 0], cur[cur >= 0]
     return depth
 
 
@@ -289,7 +292,9 @@ def _order_lanes(
         .first()
     )
     proc_start = dict(zip(proc["lane"].to_list(), proc["start"].to_list(), strict=True))
-    first_start = dict(frame.select("lane", "start").group_by("lane").agg(pl.col("start").min()).iter_rows())
+    first_start: dict[str, int] = {}
+    if any(lane_id not in proc_start for lane_id in lanes_by_id):
+        first_start = dict(frame.select("lane", "start").group_by("lane").agg(pl.col("start").min()).iter_rows())
     for lane in lanes_by_id.values():
         lane.start = proc_start.get(lane.id, first_start.get(lane.id, t_first or 0))
     hosts = node_order(list(lanes_by_id.values()))  # several hosts: lanes by node, then role and rank
@@ -311,36 +316,40 @@ def _order_lanes(
     for i, lane in enumerate(ordered):
         lane.index = i
     index = {ln.id: i for i, ln in enumerate(ordered)}
-    order = (
-        frame.select(pl.col("lane").replace_strict(index, return_dtype=pl.Int32).alias("lane_index"), "start", "seq")
-        .with_row_index("_row")
-        .sort("lane_index", "start", "seq")
-    )
-    old_rows = order["_row"].to_numpy()
-    # the wide columns (every span's attributes) stay where they are: the model reaches them by
-    # `src` (`RunModel.side`); only the narrow ones are put in order
-    side = frame.select("attrs", "attrs_pb")
-    frame = frame.drop("attrs", "attrs_pb", "parent_id", "lane")[old_rows].with_columns(
-        order["lane_index"], pl.Series("src", old_rows, dtype=pl.Int64)
+    runs = frame["lane"].rle().struct.unnest()  # the source's spans come in runs of one lane
+    lane_index = np.repeat(np.array([index[v] for v in runs["value"].to_list()], dtype=np.int32), runs["len"])
+    old_rows = (
+        frame.select(pl.Series("lane_index", lane_index), "start", "seq")
+        .select(pl.arg_sort_by("lane_index", "start", "seq"))
+        .to_series()
+        .to_numpy()
     )
     new_of_old = np.empty(len(old_rows), dtype=np.int64)
     new_of_old[old_rows] = np.arange(len(old_rows), dtype=np.int64)
 
-    def remap(col: str) -> pl.Series:
-        values = frame[col].to_numpy()
-        out = np.where(values >= 0, new_of_old[np.maximum(values, 0)], -1)
-        return pl.Series(out).replace(-1, None)
+    def moved(column: str) -> pl.Series:
+        """A column of rows (old numbering, -1: none) in the new order and numbering (null: none)."""
+        values = frame[column].to_numpy()[old_rows]
+        return pl.Series(column, np.where(values >= 0, new_of_old[np.maximum(values, 0)], -1)).replace(-1, None)
 
-    frame = frame.with_columns(
-        pl.int_range(pl.len(), dtype=pl.Int64).alias("idx"),
-        pl.col("lane_index").alias("lane"),
-        remap("_same").cast(pl.Int64).alias("parent"),
-        remap("_up").cast(pl.Int64).alias("up"),
-    ).select(list(MODEL_SCHEMA))
-    counts = dict(frame.select("lane").group_by("lane").len().iter_rows())
+    # the wide columns (every span's attributes) stay where they are: the model reaches them by
+    # `src` (`RunModel.side`); only the narrow ones are put in order
+    side = frame.select("attrs", "attrs_pb")
+    frame = (
+        frame.drop("attrs", "attrs_pb", "parent_id", "lane", "seq", "_up", "_same")[old_rows]
+        .with_columns(
+            pl.int_range(pl.len(), dtype=pl.Int64).alias("idx"),
+            pl.Series("lane", lane_index[old_rows]),
+            moved("_same").alias("parent"),
+            moved("_up").alias("up"),
+            pl.Series("src", old_rows, dtype=pl.Int64),
+        )
+        .select(list(MODEL_SCHEMA))
+    )
+    counts = np.bincount(lane_index, minlength=len(ordered))
     offset = 0
     for lane in ordered:
-        lane.offset, lane.count = offset, counts.get(lane.index, 0)
+        lane.offset, lane.count = offset, int(counts[lane.index])
         offset += lane.count
     return ordered, frame, side
 
@@ -364,22 +373,24 @@ def _lane_facts(model: RunModel, run_ready: int | None) -> None:
         .agg(pl.col("idx").first())
     )
     proc_of = dict(proc_rows.iter_rows())
-    proc_idx = pl.Series(list(proc_of.values()), dtype=pl.Int64)
-    work = frame.select(
-        "idx", "lane", "parent", "name", "phase", "module", "start", "eff_end", "duration", "in_progress", "instant"
-    ).filter(~pl.col("phase").is_in(list(STRUCTURAL_PHASES)) & ~pl.col("idx").is_in(proc_idx.implode()))  # fmt: skip
+    work = ~frame["phase"].is_in(STRUCTURAL_PHASES).to_numpy()
+    work[list(proc_of.values())] = False
+    facts = frame.select("lane", "name", "phase", "start", "eff_end", "in_progress", "instant").lazy()
+    is_work = pl.lit(pl.Series(work))
     own_ready = dict(
-        work.filter((pl.col("phase") == "ready") | (pl.col("name") == "ready"))
+        facts.filter(is_work & ((pl.col("phase") == "ready") | (pl.col("name") == "ready")))
         .group_by("lane")
         .agg(pl.col("start").min())
+        .collect()
         .iter_rows()
     )
     before_ready: dict[int, int] = {}
     if run_ready is not None:
         before_ready = dict(
-            work.filter(~pl.col("in_progress") & ~pl.col("instant") & (pl.col("eff_end") <= run_ready))
+            facts.filter(is_work & ~pl.col("in_progress") & ~pl.col("instant") & (pl.col("eff_end") <= run_ready))
             .group_by("lane")
             .agg(pl.col("eff_end").max())
+            .collect()
             .iter_rows()
         )
     extent = {
@@ -408,28 +419,23 @@ def _lane_facts(model: RunModel, run_ready: int | None) -> None:
             launcher = model.node(proc.up)
             if launcher.lane != i:
                 lane.launched_by = launcher
-    timed = work.filter(~pl.col("instant"))
+    timed = work & ~model.array("instant")
     # a span inside its parent's interval changes no union its parent is in: most imports
-    contained, same_phase = _contained(frame, timed["idx"].to_numpy())
+    contained, same_phase = _contained(model, timed)
     phases: dict[int, dict[str, int]] = {}
-    for lane_i, phase, ns in union_by(timed.filter(~same_phase), ["lane", "phase"], "start", "eff_end").iter_rows():
+    intervals = frame.select("lane", "phase", "start", "eff_end")
+    unions = union_by(intervals.filter(timed & ~same_phase), ["lane", "phase"], "start", "eff_end")
+    for lane_i, phase, ns in unions.iter_rows():
         phases.setdefault(lane_i, {})[phase] = ns
     windows = pl.DataFrame(
         [(ln.index, ln.start, ln.end) for ln in model.lanes],
         schema={"lane": pl.Int32, "w_start": pl.Int64, "w_end": pl.Int64},
         orient="row",
     )
-    w_start = {ln.index: ln.start for ln in model.lanes}
-    w_end = {ln.index: ln.end for ln in model.lanes}
     clipped = (
-        timed.filter(~contained)
-        .select(
-            "lane",
-            "start",
-            "eff_end",
-            pl.col("lane").replace_strict(w_start, return_dtype=pl.Int64).alias("w_start"),
-            pl.col("lane").replace_strict(w_end, return_dtype=pl.Int64).alias("w_end"),
-        )
+        intervals.lazy()
+        .filter(pl.lit(pl.Series(timed & ~contained)))
+        .join(windows.lazy(), on="lane", how="left")
         .filter(pl.col("eff_end") > pl.col("w_start"))
         .select(
             "lane",
@@ -437,15 +443,16 @@ def _lane_facts(model: RunModel, run_ready: int | None) -> None:
             pl.min_horizontal("eff_end", "w_end").alias("e"),
         )
         .filter(pl.col("e") > pl.col("s"))
+        .collect()
     )
     segments = merged_by(clipped, ["lane"], "s", "e")
     covered = dict(segments.group_by("lane").agg((pl.col("e") - pl.col("s")).sum()).iter_rows())
     gaps = _gaps(segments, windows)
-    imports = work.filter(pl.col("phase") == "import")
-    parent_phase = frame["phase"].gather(imports["parent"].fill_null(0)).alias("parent_phase")
+    parent, is_import = model.array("parent"), model.array("is_import")
+    top_import = work & is_import & ~((parent >= 0) & is_import[np.maximum(parent, 0)])
     tops = (
-        imports.with_columns(parent_phase)
-        .filter(pl.col("parent").is_null() | (pl.col("parent_phase") != "import"))
+        frame.select("idx", "lane", "module", "name", "duration")
+        .filter(top_import)
         .sort("lane", "duration", "idx", descending=[False, True, False])
         .group_by("lane", maintain_order=True)
         .head(5)
@@ -467,19 +474,16 @@ def _lane_facts(model: RunModel, run_ready: int | None) -> None:
         lane.in_progress = model.nodes(open_rows.filter(pl.col("lane") == i)) if open_rows.height else []
 
 
-def _contained(frame: pl.DataFrame, timed: np.ndarray) -> tuple[pl.Series, pl.Series]:
-    """For the rows `timed` (work spans that are not instants): whether each lies within its parent's
-    interval, its parent being one of them; and whether that parent also has its phase."""
-    n = frame.height
-    is_timed = np.zeros(n, dtype=bool)
-    is_timed[timed] = True
-    parent = frame["parent"].fill_null(-1).to_numpy()[timed]
+def _contained(model: RunModel, timed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, for the rows `timed` marks (work spans that are not instants): whether it lies
+    within its parent's interval, its parent being one of them; and whether that parent also has
+    its phase."""
+    parent = model.array("parent")
     p = np.maximum(parent, 0)
-    start = frame["start"].to_numpy()
-    end = frame["eff_end"].to_numpy()
-    inside = (parent >= 0) & is_timed[p] & (start[timed] >= start[p]) & (end[timed] <= end[p])
-    phase = frame["phase"].rank("dense").to_numpy()
-    return pl.Series(inside), pl.Series(inside & (phase[timed] == phase[p]))
+    start, end = model.array("start"), model.array("eff_end")
+    inside = timed & (parent >= 0) & timed[p] & (start >= start[p]) & (end <= end[p])
+    phase = model.array("phase_code")
+    return inside, inside & (phase == phase[p])
 
 
 def _gaps(segments: pl.DataFrame, windows: pl.DataFrame) -> dict[int, list[tuple[int, int]]]:
@@ -513,10 +517,10 @@ def _gaps(segments: pl.DataFrame, windows: pl.DataFrame) -> dict[int, list[tuple
 
 def children_ns(model: RunModel) -> np.ndarray:
     """Per row: the summed duration of its children in its lane."""
-    parent = model.spans["parent"].fill_null(-1).to_numpy()
+    parent = model.array("parent")
     has = parent >= 0
     out = np.zeros(model.spans.height, dtype=np.int64)
-    np.add.at(out, parent[has], model.spans["duration"].to_numpy()[has])
+    np.add.at(out, parent[has], model.array("duration")[has])
     return out
 
 
@@ -525,35 +529,37 @@ def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str
     that paid it, how often; the `limit` longest (cumulative), then by name."""
     if limit <= 0:
         return []
-    imports = model.spans.select("idx", "lane", "phase", "module", "name", "duration", "self_us").filter(
-        pl.col("phase") == "import"
+    imports = (
+        model.spans.select("lane", "phase", "module", "name", "duration", "self_us")
+        .with_columns(pl.Series("kids", children_ns(model)))
+        .lazy()
+        .filter(pl.col("phase") == "import")
+        .with_columns(
+            pl.when(pl.col("module").is_null())
+            .then(pl.col("name").hash())
+            .otherwise(pl.col("module").hash())
+            .alias("key")
+        )
     )
-    if not imports.height:
-        return []
-    slots = [rank_slot(lane) for lane in model.lanes]
-    slot_ids = {slot: i for i, slot in enumerate(dict.fromkeys(slots))}
-    lane_slot = pl.DataFrame(
-        {"lane": list(range(len(slots))), "slot": [slot_ids[s] for s in slots]},
-        schema={"lane": pl.Int32, "slot": pl.Int64},
-    )
-    kids = pl.Series(children_ns(model)).gather(imports["idx"])
-    rows = imports.with_columns(
-        pl.when(pl.col("self_us").is_not_null())
-        .then((pl.col("self_us") * 1000).cast(pl.Int64))
-        .otherwise((pl.col("duration") - kids).clip(lower_bound=0))
-        .alias("self"),
-        pl.coalesce("module", "name").alias("mod"),
-    ).with_columns(pl.col("mod").hash().alias("key"))
     # summed per module's 64-bit hash (a string group-by costs ~5x more), the top `limit` taken, and
     # only their rows counted by name: a hash two modules share is never one module's
-    sums = rows.group_by("key").agg(pl.col("duration").sum().alias("cum"))
+    sums = imports.group_by("key").agg(pl.col("duration").sum().alias("cum")).collect()
+    if not sums.height:
+        return []
     if sums.height > limit:  # the limit-th longest, then every module as long: ties stay in
         sums = sums.filter(pl.col("cum") >= sums["cum"].top_k(limit).min())
-    slot = pl.col("lane").replace_strict(
-        dict(zip(lane_slot["lane"], lane_slot["slot"], strict=True)), return_dtype=pl.Int64
-    )
+    slots = [rank_slot(lane) for lane in model.lanes]
+    slot_ids = {slot: i for i, slot in enumerate(dict.fromkeys(slots))}
+    slot = pl.col("lane").replace_strict({i: slot_ids[s] for i, s in enumerate(slots)}, return_dtype=pl.Int64)
     top = (
-        rows.filter(pl.col("key").is_in(sums["key"].implode()))
+        imports.filter(pl.col("key").is_in(sums["key"].implode()))
+        .with_columns(
+            pl.coalesce("module", "name").alias("mod"),
+            pl.when(pl.col("self_us").is_not_null())
+            .then((pl.col("self_us") * 1000).cast(pl.Int64))
+            .otherwise((pl.col("duration") - pl.col("kids")).clip(lower_bound=0))
+            .alias("self"),
+        )
         .group_by("mod")
         .agg(
             pl.col("duration").sum().alias("cum"),
@@ -564,6 +570,7 @@ def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str
         )
         .sort(["cum", "mod"], descending=[True, False])
         .head(limit)
+        .collect()
     )
     return [
         {

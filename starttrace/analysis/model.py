@@ -257,6 +257,7 @@ class RunModel:
     findings: list[dict[str, Any]] = field(default_factory=list)  # analysis.findings (docs/findings.md)
     _nodes: dict[int, SpanNode] = field(default_factory=dict, repr=False)
     _children: tuple[Any, Any] | None = field(default=None, repr=False)
+    _arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def live(self) -> bool:
@@ -320,16 +321,29 @@ class RunModel:
     def child_rows(self, idx: int) -> Any:
         """The rows of the span's children in its lane, by start (an index built once per model)."""
         if self._children is None:
-            parent = self.spans["parent"].to_numpy()
-            has = ~np.isnan(parent) if parent.dtype.kind == "f" else np.ones(len(parent), dtype=bool)
-            rows = np.flatnonzero(has)
-            keys = parent[has].astype(np.int64)
-            order = np.argsort(keys, kind="stable")
-            rows, keys = rows[order], keys[order]
-            offsets = np.searchsorted(keys, np.arange(len(parent) + 1))
-            self._children = (rows, offsets)
+            parent = self.array("parent")
+            rows = np.flatnonzero(parent >= 0)
+            order = np.argsort(parent[rows], kind="stable")
+            rows = rows[order]
+            self._children = (rows, np.searchsorted(parent[rows], np.arange(len(parent) + 1)))
         rows, offsets = self._children
         return rows[offsets[idx] : offsets[idx + 1]]
+
+    def array(self, name: str) -> np.ndarray:
+        """A column of the span table as a numpy array, made once per model (read only): `parent`
+        (-1: none), `phase_code` (equal codes: equal phases), `is_import`, or a column without nulls."""
+        got = self._arrays.get(name)
+        if got is None:
+            if name == "parent":
+                column = self.spans["parent"].fill_null(-1)
+            elif name == "phase_code":
+                column = self.spans["phase"].cast(pl.Categorical).to_physical()
+            elif name == "is_import":
+                column = self.spans["phase"] == "import"
+            else:
+                column = self.spans[name]
+            got = self._arrays[name] = column.to_numpy()
+        return got
 
     def attrs_of(self, idx: int) -> dict[str, Any]:
         text, raw = self.side.row(int(self.spans["src"][idx]))
