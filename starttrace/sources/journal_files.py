@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 V1_SUFFIX = ".jsonl"
-V2_SUFFIX = ".journal"
 _SEGMENT = re.compile(r"(?P<journal>.+)\.(?P<n>\d+)\.journal")
 _CHUNK = 1 << 16
 

@@ -3,15 +3,13 @@
 Everything here runs outside traced processes (CLI, exporter, service), so it may use any module.
 Times are converted to epoch nanoseconds, parents are resolved across processes, and the
 `process` span of every lane ends where its startup ended (its own `ready`, its exit, or the
-run's `ready`), so every reader shows the same lanes.
-
-A journal is read line by line into `Span`s (the records are JSON lines: per-record work is
-inherent); the rules that join the journals (ends, parents, lane ends, self times) run over those,
-and the run's span table (`Run.spans`) is built once, at the end, column by column (`_table`).
+run's `ready`), so every reader shows the same lanes. The run's span table is built once, at the
+end, column by column (`_table`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -354,10 +352,7 @@ def _table(owned: list[tuple[Process, list[Span]]]) -> pl.DataFrame:
 
 
 def _own_span(process: Process, spans: list[Span]) -> Span | None:
-    for span in spans:
-        if span.span_id == process.process_span_id:
-            return span
-    return None
+    return next((span for span in spans if span.span_id == process.process_span_id), None)
 
 
 # a run folder's file system with less free than a journal's first segment: "the disk is full"
@@ -394,11 +389,9 @@ def missing_problems(run_dir: Path, owned: list[tuple[Process, list[Span]]]) -> 
     if not launched:
         return out
     full = False
-    try:
+    with contextlib.suppress(OSError):
         st = os.statvfs(run_dir)
         full = st.f_bavail * st.f_frsize < _FULL_DISK_BYTES
-    except OSError:
-        pass
     full = full or any("No space left" in w or "ENOSPC" in w for p in processes for w in p.warnings)
     for (host, pid), (parent, span) in sorted(launched.items(), key=lambda kv: kv[1][1].start_ns):
         command = str(span.attrs.get("process.command") or "")

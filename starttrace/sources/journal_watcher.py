@@ -1,13 +1,9 @@
-"""Watch a journal root (`ROOT/<run_id>/`, journals of either version) and feed new runs and new lines into the store.
+"""Watch a journal root (`ROOT/<run_id>/`) and feed new runs and new lines into the store.
 
-Every `poll_s` the watcher looks at the files of each run folder; a run whose files did not change
-costs one `stat` per file (and, for a version 2 segment, a read of the byte after its last record:
-its size is fixed). A changed run is re-read with `starttrace.sources.journal_reader.read_run` (the reader
-resolves cross-process links, so a run is read as a whole), and only the spans that are new or
-changed since the last read (ended, new attributes, re-parented: an anti-join of its span table with
-what was sent) are written to the store, as `ProcessBatch`es. A
-torchrun agent's first run, read before the agent moved into its launch's run, is dropped once
-that run names it and its folder is gone (probes/torchelastic.py).
+Every `poll_s` each run folder's signature (`journal_files.journal_signature`: one `stat` per
+unchanged file) is compared with the last; a changed run is re-read whole (`read_run` resolves
+cross-process links) and only its new or changed spans (an anti-join of its span table with what
+was sent) go to the store, as `ProcessBatch`es.
 """
 
 from __future__ import annotations
@@ -23,6 +19,7 @@ import polars as pl
 
 from starttrace.run import Run, spans_table
 from starttrace.sources.batches import IngestBatch, ProcessBatch, RunMeta, SpanTuple
+from starttrace.sources.journal_files import journal_signature
 from starttrace.sources.store import Store
 
 log = logging.getLogger("starttrace.service")
@@ -35,16 +32,12 @@ _ROW = (
     "phase", "module", "self_us", "launched_by",
 )  # fmt: skip
 _SIGNATURE = ["span_id", "end", "parent_id", "error", "attrs"]
-
-
 _USED: dict[str, dict[str, int]] = {}  # run folder -> journal file -> bytes in use (see _signature)
 
 
 def _signature(run_dir: Path) -> Signature:
     """Changes whenever a record is added: by bytes in use, since a version 2 segment keeps its size
     (and its mtime, mostly) while records are written into it (docs/journal.md)."""
-    from starttrace.sources.journal_files import journal_signature
-
     return journal_signature(run_dir, _USED.setdefault(str(run_dir), {}))
 
 
@@ -68,7 +61,6 @@ class JournalWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
-        self.scans = 0
 
     def start(self) -> None:
         if self._thread is None:
@@ -101,7 +93,6 @@ class JournalWatcher:
         """One pass over the root; returns the number of runs (re)read."""
         from starttrace.sources.journal_reader import ReaderError, list_run_dirs, read_run
 
-        self.scans += 1
         changed = 0
         cutoff = None if self.retention_s is None else time.time() - self.retention_s
         for run_dir in list_run_dirs(self.root):
@@ -185,24 +176,23 @@ class JournalWatcher:
         by_lane: dict[str, list[SpanTuple]] = {}
         for row in rows.iter_rows():
             by_lane.setdefault(row[-1], []).append(row[:-1])
-        processes: list[ProcessBatch] = []
-        for p in run.processes:
-            processes.append(
-                ProcessBatch(
-                    source="journal",
-                    resource=dict(p.resource),
-                    spans=by_lane.pop(p.instance_id, []),  # popped: two journals of one lane send it once
-                    run_id=run.run_id,
-                    lane_id=p.instance_id,
-                    info={
-                        "exited": bool(p.exited or getattr(p, "alive", None) is False),
-                        "exit_code": p.exit_code,
-                        "warnings": list(p.warnings),
-                        "preloaded": list(p.preloaded),
-                        "journal_path": str(p.journal_path),
-                    },
-                )
+        processes = [
+            ProcessBatch(
+                source="journal",
+                resource=dict(p.resource),
+                spans=by_lane.pop(p.instance_id, []),  # popped: two journals of one lane send it once
+                run_id=run.run_id,
+                lane_id=p.instance_id,
+                info={
+                    "exited": bool(p.exited or getattr(p, "alive", None) is False),
+                    "exit_code": p.exit_code,
+                    "warnings": list(p.warnings),
+                    "preloaded": list(p.preloaded),
+                    "journal_path": str(p.journal_path),
+                },
             )
+            for p in run.processes
+        ]
         service = (run.meta or {}).get("service") if isinstance(run.meta, dict) else None
         meta = RunMeta(
             run_id=run.run_id,
