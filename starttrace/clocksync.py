@@ -1,19 +1,10 @@
-"""Clock measurements made off the traced processes' path: the kernel's NTP state (`adjtimex(2)`,
-through ctypes) and an NTP-style exchange with the starttrace service (`GET /v1/clock`).
+"""Clock measurements made off the traced processes' path (ctypes and HTTP would be a footprint
+there): the kernel's NTP state (`adjtimex(2)`) and an NTP-style exchange with the service (`GET
+/v1/clock`, with the OTLP exporter's headers so a `--token` service answers it).
 
-The exporter (`starttrace.follower`) measures once per node and records the results as resource
-attributes of that node's processes (the exchange sends the OTLP exporter's headers, so a service
-with `--token` answers it); a run without an exporter gets the NTP state from a helper its root
-starts at ready or exit (`python -m starttrace.clocksync`, `record`: a clock file in the run folder):
-
-- `starttrace.clock.ntp_synced` (bool: STA_UNSYNC clear), `starttrace.clock.esterror_us`,
-  `starttrace.clock.maxerror_us` (the kernel's estimated and maximum error, microseconds);
-- `starttrace.clock.exchange_offset_ns` (this host's clock minus the service's, from the exchange
-  with the smallest round trip) and `starttrace.clock.exchange_rtt_ns`.
-
-`analysis.clocks` aligns a domain on the exchange when it has no collective sync point (a node
-whose processes join no collective). Nothing here runs inside a traced process: ctypes and HTTP
-would be a footprint there.
+The exporter (`follower`) measures once per node and records the results as `starttrace.clock.*`
+resource attributes of that node's processes (docs/multinode.md); a run without an exporter gets
+the NTP state from a helper its root starts at ready or exit (`record`: a clock file in the run folder).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Fleet facts: what one run contributes to fleet questions, and the fleet answer over many runs.
 
-`run_facts(run, model)` derives a run's facts once (pure): time to ready, each phase's seconds (per
-run: the slowest process, from `Lane.phases`), per role too (for the metrics' histograms), the
-findings' kinds and seconds, and the run's identity (`service.name`, `service.version`, the vLLM
-model and TP/PP/DP sizes, nodes, hosts, image). Stores keep these rows (ClickHouse:
-`starttrace_runs`, `sources.clickhouse_facts`; the embedded store: `sources.facts_store`).
-
-`fleet_answer(rows, by)` answers `GET /fleet` from facts rows in Python (the embedded store); over
-ClickHouse the same groups and quantiles are computed in SQL, and both hand their groups to
-`regressions` and `answer`, so the two give one shape:
-- `groups`: one per value of `by`, with `runs`, `time_to_ready_s` {p50, p95} and per-phase {p50, p95};
-- `slowest`: the slowest runs (time to ready), each with its waterfall's link;
-- `regressions` (by = service.version): each phase whose p50 grew from one version to the next, the
-  versions in the order they first appeared (a release follows the one before it).
-Quantiles interpolate linearly between the two nearest runs (as ClickHouse's `quantile` does below
-its 8192-value sample).
+`run_facts(run, model)` derives a run's facts once (pure): time to ready, each phase's seconds (the
+slowest process), per role too, the findings' seconds, and the run's identity (service, version,
+vLLM model and TP/PP/DP, nodes, hosts, image). `fleet_answer(rows, by)` answers `GET /fleet` from
+facts rows; over ClickHouse the groups come from SQL, and both go through `regressions` and `answer`
+so the two give one shape (docs/fleet.md). Quantiles interpolate linearly, as ClickHouse's do.
 """
 
 from __future__ import annotations

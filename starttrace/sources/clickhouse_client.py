@@ -1,15 +1,9 @@
 """Where a ClickHouse run source connects: the URL, and one small client over two engines.
 
-URLs (`--clickhouse URL`):
-- `http://user:pass@host:8123/db?table=otel_traces` (or `https://`): a ClickHouse server, through
-  the official HTTP client `clickhouse-connect`. `db` is the database the Collector's exporter is
-  configured with (default `otel`), `table` its `traces_table_name` (default `otel_traces`).
-- `chdb:PATH` (`chdb:PATH?database=otel&table=otel_traces`): the embedded engine (`chdb`, ClickHouse
-  in-process) over a data directory. The same SQL runs on both.
-
-Both clients answer a query as an Arrow table (`arrow`), run a statement (`command`), and take query
-parameters the ClickHouse way (`{name:Type}` in the SQL, values apart): no value is ever pasted into
-SQL text. Identifiers (database, table) are checked by `ident` and back-quoted.
+`http(s)://user:pass@host:8123/db?table=otel_traces` is a server through `clickhouse-connect`;
+`chdb:PATH[?database=otel&table=otel_traces]` the embedded engine over a data directory (docs/fleet.md).
+Both answer a query as an Arrow table (`arrow`) or run a statement (`command`), with parameters the
+ClickHouse way (`{name:Type}`): no value is ever pasted into SQL text; identifiers go through `ident`.
 """
 
 from __future__ import annotations

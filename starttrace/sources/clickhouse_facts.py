@@ -1,11 +1,8 @@
 """Per-run facts in ClickHouse (`starttrace_runs`, beside `otel_traces`) and the fleet query over them.
 
-The table is a ReplacingMergeTree keyed by the run id, versioned by when the facts were derived:
-deriving a run again (its spans grew, or the facts' definition changed) inserts a newer row, and
-every read takes the newest one (`FINAL`). Fleet queries run in SQL: `quantiles` per group, per
-phase through ARRAY JOIN of the phase map, the slowest runs by ORDER BY ... LIMIT; only groups and
-a few rows come back to Python, never the runs (`service.fleet.fleet_of` shapes the answer with
-`analysis.fleet.answer`: this layer does not import the analysis).
+A ReplacingMergeTree keyed by run id, versioned by when the facts were derived; reads take the newest
+row (`FINAL`). Quantiles, per-phase groups and the slowest runs are computed in SQL, so only groups and
+a few rows come back to Python (`service.fleet.fleet_of` shapes them with `analysis.fleet.answer`).
 """
 
 from __future__ import annotations

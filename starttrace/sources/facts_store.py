@@ -1,10 +1,6 @@
-"""Per-run facts beside the embedded store (SQLite): the same facts `starttrace_runs` holds in
-ClickHouse, one row per run in the store's database file, in a table of its own (`run_facts`).
-
-It has its own connection (WAL: it reads while the store's writer writes) and touches none of the
-store's tables but reading `runs` (which runs exist, their version). Writing a run again replaces
-its row (idempotent). The fleet answer is computed from the facts rows (`analysis.fleet`): one
-small row per run, never a run's spans (the entry layer answers from them: `service.fleet.fleet_of`).
+"""Per-run facts beside the embedded store: the rows `starttrace_runs` holds in ClickHouse, in a
+`run_facts` table of the store's SQLite file, with a connection of its own (WAL). Writing a run
+again replaces its row; of the store's tables it only reads `runs`.
 """
 
 from __future__ import annotations

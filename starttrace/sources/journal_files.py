@@ -1,13 +1,9 @@
-"""The journal files of a run (docs/journal.md) and the record lines in them, both versions.
+"""The journal files of a run and the record lines in them, both versions (docs/journal.md).
 
-Version 1: one `<pid>-<instance>.jsonl` file per process, one JSON line per record.
-Version 2: one or more segments `<pid>-<instance>.<n>.journal` per process (n = 0, 1, ...); a
-segment holds whole records (JSON lines) followed by zero bytes up to its allocated size: the
-unused tail of a live segment, or of one its process left for the next. A process killed in the
-middle of a record leaves that record cut (its bytes up to some point, or a torn copy with zero
-bytes inside), always as the very last record of its journal.
-
-Readers here never write or lock anything; they read live journals as they are.
+Version 1: one `<pid>-<instance>.jsonl` file per process. Version 2: segments
+`<pid>-<instance>.<n>.journal`, each whole records followed by zero bytes up to its allocated size; a
+process killed mid-record leaves that record cut, as the very last one of its journal. Readers here
+never write or lock anything; they read live journals as they are.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Spans with implausible times: flagged in the run's `problems` and left out of the run.
-
-A span whose start (or end) lies far outside the run's window, e.g. `start_time_unix_nano=0` from
-a broken exporter (1970), would stretch the run over decades: its startup, every metric and the
-waterfall's scale. The run's reference time is the median of its processes' latest span starts;
-a span more than WINDOW_NS before or after it is dropped from the run handed to the analysis
-(so no view or metric counts it) and named, with how many, in `problems`: one filter over the
-run's span table (a run with nothing out of its window is left as it is).
+"""Spans with implausible times (e.g. `start_time_unix_nano=0` from a broken exporter) would
+stretch a run over decades: a span more than WINDOW_NS from the run's reference time (the median
+of its processes' latest span starts) is left out of the run and named in its `problems`.
 """
 
 from __future__ import annotations

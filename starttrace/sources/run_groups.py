@@ -1,15 +1,9 @@
-"""Per-node runs of one job that found no shared key, joined when the service reads them.
+"""Per-node runs of one job that found no shared key, joined when the service or the CLI reads them.
 
-Where every node of a job derives the same run id (`starttrace.tracer.launchers`), its processes are one
-run already. Where they do not (a launcher starttrace does not know, ranks started one by one with
-torch's env:// variables, one node given another `STARTTRACE_RUN_ID`), each node becomes a run of
-its own. This joins them: runs whose processes name the same rendezvous endpoint with the same
-node count (`starttrace.job.rendezvous` + `starttrace.job.nnodes`, set by the launchers) or the same
-torch master with the same world size (`starttrace.dist.master` + `starttrace.world_size`), and
-whose times overlap, are one job. The page of any of them shows all of them (`load_joined`), with
-`meta["joined_runs"]` naming them and a version that changes with any of them (`joined_version`).
-
-What a run names is read from its processes' resources once per version of the run.
+Where nodes do not derive the same run id (`tracer.launchers`), each node is a run of its own.
+Runs whose processes name the same rendezvous with the same size (`starttrace.job.rendezvous` +
+`nnodes`, or `starttrace.dist.master` + `world_size`) and whose times overlap are one job: the page
+of any shows all (`meta["joined_runs"]`), with a version that changes with any of them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Terminal views (rich) of the waterfall model: `starttrace report`, `compare` and `advise`.
 
-They fit the console (its width: the terminal's, COLUMNS, 80 in a pipe): every table is sized to
-it before rich sees it, headers are never cut, and a module name that does not fit is abbreviated
-from the left at a component boundary, keeping its last components (`…openai.api_server`). The
-findings list shows names whole and wraps at spaces. `wide=True` (`--wide`) abbreviates nothing
-and lets tables be as wide as their content.
+Every table is sized to the console before rich sees it: headers are never cut, and a module name
+that does not fit is abbreviated from the left at a component boundary (`…openai.api_server`).
+`wide=True` (`--wide`) abbreviates nothing and lets tables be as wide as their content.
 """
 
 from __future__ import annotations
