@@ -15,6 +15,7 @@ first folder: the follower follows it (`moved`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -94,11 +95,9 @@ def moved(run_dir: Path, root_span: str | None) -> Path:
             target = Path(marker.read_text(encoding="utf-8").strip())
         except OSError:
             return run_dir
-        try:
+        with contextlib.suppress(OSError):
             marker.unlink()
             run_dir.rmdir()
-        except OSError:
-            pass
         run_dir = target
     return run_dir
 

@@ -5,6 +5,7 @@ A node is a host name plus a clock domain, ordered by the lowest global rank it 
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from starttrace.analysis.model import Lane, RunModel
@@ -31,15 +32,10 @@ def node_order(lanes: list[Lane]) -> dict[NodeKey, int]:
 def node_names(order: dict[NodeKey, int]) -> dict[NodeKey, str]:
     """How the views name each node: its host name (with the domain's start when two nodes share
     a host name)."""
-    hosts: dict[str, int] = {}
-    for host, _ in order:
-        hosts[host] = hosts.get(host, 0) + 1
+    hosts = Counter(host for host, _ in order)
     names = {}
     for host, domain in order:
-        name = host or "?"
-        if hosts[host] > 1:
-            name += f" [{domain[:8]}]"
-        names[(host, domain)] = name
+        names[(host, domain)] = f"{host or '?'} [{domain[:8]}]" if hosts[host] > 1 else host or "?"
     return names
 
 

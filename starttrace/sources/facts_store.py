@@ -83,18 +83,10 @@ class FactsStore:
     def rows(
         self, since_ns: int | None = None, until_ns: int | None = None, service: str | None = None
     ) -> list[dict[str, Any]]:
-        sql = "SELECT facts FROM run_facts WHERE 1 = 1"
-        params: list[Any] = []
-        if since_ns is not None:
-            sql += " AND start_ns >= ?"
-            params.append(since_ns)
-        if until_ns is not None:
-            sql += " AND start_ns <= ?"
-            params.append(until_ns)
-        if service is not None:
-            sql += " AND service = ?"
-            params.append(service)
-        return [json.loads(r[0]) for r in self._conn().execute(sql, params)]
+        filters = (("start_ns >= ?", since_ns), ("start_ns <= ?", until_ns), ("service = ?", service))
+        kept = [(c, v) for c, v in filters if v is not None]
+        sql = " AND ".join(["SELECT facts FROM run_facts WHERE 1 = 1", *(c for c, _ in kept)])
+        return [json.loads(r[0]) for r in self._conn().execute(sql, [v for _, v in kept])]
 
     def forget(self, run_ids: list[str]) -> None:
         with self._write_lock:

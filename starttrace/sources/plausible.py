@@ -21,7 +21,8 @@ def _when(ns: int) -> str:
         return f"{ns} ns"
 
 
-def _problem(label: str, n: int, name: str, at: int, ref: int) -> str:
+def _problem(label: str, n: int, name: str, start: int, end: int | None, ref: int) -> str:
+    at = start if abs(start - ref) > WINDOW_NS else end or start  # the time that is out of the window
     return (
         f"{label}: {n} span{'s' if n > 1 else ''} with implausible times left out"
         f" (e.g. {name[:80]!r} at {_when(at)}; the run's spans are around {_when(ref)})"
@@ -50,9 +51,7 @@ def drop_implausible(run: Run) -> None:
         for p in run.processes:
             got = firsts.get(p.instance_id)
             if got is not None:
-                n, name, start, end = got
-                at = start if not lo <= start <= hi else end or start
-                run.problems.append(_problem(p.label(), n, name, at, ref))
+                run.problems.append(_problem(p.label(), *got, ref))
         run.spans = spans.filter(~outside)
     roots = run.root_spans
     wrong = [s for s in roots if not (lo <= s.start_ns <= hi) or (s.end_ns is not None and s.end_ns > hi)]
@@ -60,5 +59,4 @@ def drop_implausible(run: Run) -> None:
         keep = {id(s) for s in wrong}
         roots[:] = [s for s in roots if id(s) not in keep]
         first = wrong[0]
-        at = first.start_ns if not lo <= first.start_ns <= hi else first.end_ns or first.start_ns
-        run.problems.append(_problem("the run", len(wrong), first.name, at, ref))
+        run.problems.append(_problem("the run", len(wrong), first.name, first.start_ns, first.end_ns, ref))

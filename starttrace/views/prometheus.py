@@ -20,6 +20,7 @@ counters
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -50,11 +51,8 @@ class _Histogram:
         self.count += 1
 
     def cumulative(self) -> list[tuple[str, float]]:
-        out, acc = [], 0
-        for bound, n in zip((*[str(b) for b in BUCKETS], "+Inf"), self.buckets, strict=True):
-            acc += n
-            out.append((bound, float(acc)))
-        return out
+        bounds = (*map(str, BUCKETS), "+Inf")
+        return [(bound, float(n)) for bound, n in zip(bounds, itertools.accumulate(self.buckets), strict=True)]
 
 
 class Counters:

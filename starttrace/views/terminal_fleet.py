@@ -21,10 +21,8 @@ def render_fleet(answer: dict[str, Any], console: Console) -> None:
     phases = sorted({p for g in answer["groups"] for p in g["phases"]})
     table = Table(title="p50 / p95 seconds", title_justify="left")
     table.add_column(Text(key))
-    table.add_column("runs", justify="right")
-    table.add_column("ready", justify="right")
-    for ph in phases:
-        table.add_column(Text(ph), justify="right")
+    for column in ("runs", "ready", *map(Text, phases)):
+        table.add_column(column, justify="right")
     for g in answer["groups"]:
         ttr = g["time_to_ready_s"]
         cells = [Text(g["value"] or "(none)"), str(g["runs"]), f"{_s(ttr['p50'])} / {_s(ttr['p95'])}"]
