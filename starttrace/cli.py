@@ -6,6 +6,7 @@ corrupt journal, bad option); 1 for a failure on the way (an export the endpoint
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -52,6 +53,18 @@ RunArgument = Annotated[str | None, typer.Argument(help="run id or a unique pref
 WideOption = Annotated[
     bool, typer.Option("--wide", help="names whole, tables as wide as they need (default: fit the terminal, COLUMNS)")
 ]
+
+
+# the caller's STARTTRACE_* settings a traced command inherits (the rest would mix in another run's state)
+PASSED_SETTINGS = (
+    "STARTTRACE_MIN_IMPORT_US",
+    "STARTTRACE_SERVICE_NAME",
+    "STARTTRACE_DIR",
+    "STARTTRACE_OTLP_DETAIL",
+    "STARTTRACE_SUMMARY_IMPORTS",
+    "STARTTRACE_FORKSERVER_PRELOAD",
+    "STARTTRACE_STALL_S",
+)
 
 
 class Format(StrEnum):
@@ -103,7 +116,7 @@ def _load_clickhouse(run: str | None, url: str) -> Run:
         raise _fail(str(exc)) from None
     if the_run is None:
         raise _fail(f"no run {run!r} in ClickHouse" if run else "no runs in ClickHouse")
-    return the_run  # the hosts of a multi-node run on one clock (docs/multinode.md)
+    return the_run
 
 
 def _model(run: Run) -> Any:
@@ -138,21 +151,7 @@ def run(
     # Long by design: one linear sequence (environment, child, signal forwarding, exit code); split, its steps would
     # only pass the same dozen locals around.
     extra_preload = _preload_option(preload)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("STARTTRACE_")
-        or k
-        in (
-            "STARTTRACE_MIN_IMPORT_US",
-            "STARTTRACE_SERVICE_NAME",
-            "STARTTRACE_DIR",
-            "STARTTRACE_OTLP_DETAIL",
-            "STARTTRACE_SUMMARY_IMPORTS",
-            "STARTTRACE_FORKSERVER_PRELOAD",
-            "STARTTRACE_STALL_S",
-        )
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STARTTRACE_") or k in PASSED_SETTINGS}
     root = _root(directory).resolve()
     env["STARTTRACE"] = "1"
     env["STARTTRACE_DIR"] = str(root)
@@ -185,12 +184,8 @@ def run(
                 f"details: starttrace report {run_id}    web: starttrace serve, then http://127.0.0.1:4318/startup/{run_id}"
             )
         else:
-            errors.print(
-                Text(
-                    f"starttrace: no run was recorded in {run_dir} (is {command[0]!r} a Python program?)",
-                    style="yellow",
-                )
-            )
+            why = f"no run was recorded in {run_dir} (is {command[0]!r} a Python program?)"
+            errors.print(Text(f"starttrace: {why}", style="yellow"))
     raise typer.Exit(code if code >= 0 else 128 - code)
 
 
@@ -253,10 +248,8 @@ def runs(
 
 def _run_row(path: Path) -> dict[str, Any]:
     meta: dict[str, Any] = {}
-    try:
+    with contextlib.suppress(OSError, ValueError):
         meta = json.loads((path / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        pass
     from starttrace.analysis.liveness import run_status
     from starttrace.sources.journal_files import journal_files
     from starttrace.sources.journal_reader import EmptyRun, ReaderError, read_run
