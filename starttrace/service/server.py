@@ -71,16 +71,9 @@ def serve(
     request_timeout_s: float = REQUEST_TIMEOUT_S,
     clickhouse: str | None = None,
 ) -> None:
-    """Serve the OTLP receiver, the API and the web page until interrupted.
-
-    `db`: SQLite file (default `$XDG_STATE_HOME/starttrace/starttrace.db`); `journal_dir`: a journal
-    root (`ROOT/<run_id>/<journals>`) to watch; `token`: bearer token required on every endpoint but
-    /healthz (default: `$STARTTRACE_TOKEN`); `retention`: drop runs older than this ('7d', '12h');
-    `decode_workers`: processes decoding OTLP bodies (`service/decoder.py`; 0: in the service);
-    `allow_hosts`: more names clients may call the service by (besides loopback names and `host`;
-    also `$STARTTRACE_ALLOWED_HOSTS`, comma-separated): other Host headers are refused (421);
-    `clickhouse`: read runs from ClickHouse's otel_traces (http(s)://... or chdb:PATH, docs/fleet.md).
-    """
+    """Serve the OTLP receiver, the API and the web page until interrupted; the options are
+    `starttrace serve`'s (docs/service.md). `token` defaults to `$STARTTRACE_TOKEN`, and
+    `$STARTTRACE_ALLOWED_HOSTS` (comma-separated) adds to `allow_hosts`."""
     import uvicorn
 
     if token is None:

@@ -102,12 +102,9 @@ def journal_lines(journal: Path) -> list[bytes]:
 
 
 def used_bytes(path: Path, known: int = 0) -> int:
-    """The bytes of a journal file that hold whole records: the size of a version 1 file, the end
-    of the last whole record in a version 2 segment (whose size is fixed when it is created, and
-    whose mtime the kernel updates only now and then for writes through a mapping).
-
-    `known`, a value this returned before for the same file, makes it cheap: only the bytes
-    after it are read (segments only grow). Raises OSError."""
+    """The bytes of a journal file that hold whole records: a version 1 file's size, the end of the
+    last whole record in a version 2 segment (its size and mtime do not follow its writes). `known`,
+    an earlier answer for the same file, makes it cheap: only the bytes after it are read."""
     if _segment_key(path) is None:
         return os.stat(path).st_size
     with open(path, "rb", buffering=0) as handle:

@@ -1,9 +1,6 @@
-"""A run as Chrome/Perfetto trace-event JSON (open it at ui.perfetto.dev or chrome://tracing).
-
-One track per process, named `role rank pid` and sorted like the waterfall; slices on one thread
-obey Perfetto's nesting rule (a child lies inside its parent; siblings do not overlap): a child
-that outlives its parent is clipped to it, and the clip is recorded in the slice's args.
-`detail` as for every exporter (analysis/detail.py): `full` or `summary`.
+"""A run as Chrome/Perfetto trace-event JSON (ui.perfetto.dev or chrome://tracing): one track per
+process, sorted like the waterfall. Slices on one thread obey Perfetto's nesting rule: a child that
+outlives its parent is clipped to it, the clip recorded in its args.
 """
 
 from __future__ import annotations
