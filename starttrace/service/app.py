@@ -239,9 +239,6 @@ class HostGuard:
         await _refuse(send, 421, body)
 
 
-# ---------------------------------------------------------------------------------------------
-
-
 def wants_html(request: Request) -> bool:
     fmt = request.query_params.get("format")
     if fmt in ("html", "json"):

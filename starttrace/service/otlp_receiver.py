@@ -151,10 +151,6 @@ class UnsupportedEncoding(Exception):
     pass
 
 
-# ---------------------------------------------------------------------------------------------
-# responses
-
-
 def status_response(code: int, message: str, encoding: str, headers: dict[str, str] | None = None) -> Response:
     """A google.rpc.Status body (protobuf or JSON)."""
     grpc_code = {400: 3, 408: 4, 413: 8, 415: 3, 429: 8, 503: 14, 401: 16}.get(code, 2)

@@ -166,9 +166,6 @@ def join_runs(run: Run, others: list[Run], version: int) -> Run:
     )
 
 
-# ------------------------------------------------------------------------------------------------
-# journal folders (the CLI): the same join over the runs of one journal root
-
 SLACK_NS = 600 * 10**9  # how far a folder's own times (run.json, file mtimes) may be off its spans'
 
 

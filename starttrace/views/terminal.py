@@ -119,10 +119,6 @@ def _table(console: Console, title: str | None, cols: Sequence[Col], wide: bool 
         console.print(table)
 
 
-# --------------------------------------------------------------------------------------------
-# findings
-
-
 def render_findings(findings: list[dict[str, Any]], console: Console, title: str = "findings") -> None:
     """Numbered findings, most severe first: `[severity] kind: text`, then `-> action`; names whole,
     lines wrapped at spaces."""
@@ -141,10 +137,6 @@ def render_findings(findings: list[dict[str, Any]], console: Console, title: str
         if f.get("action"):
             grid.add_row("", Text(f"-> {f['action']}", style="dim"))
     console.print(grid)
-
-
-# --------------------------------------------------------------------------------------------
-# report
 
 
 def render_report(model: RunModel, console: Console, wide: bool = False) -> None:
@@ -370,10 +362,6 @@ def _with_suffix(name: str, suffix: str) -> Callable[[int], str]:
     return lambda width: fit(width - len(suffix)) + suffix
 
 
-# --------------------------------------------------------------------------------------------
-# compare
-
-
 def render_compare(cmp: Comparison, console: Console, wide: bool = False) -> None:
     s = cmp.summary
     console.print(Text(f"A {cmp.a}  vs  B {cmp.b}", style="bold"))
@@ -467,10 +455,6 @@ def _preload_check(cmp: Comparison, console: Console, wide: bool) -> None:
         _row(cols, "time to ready", _s(-ttr["predicted_change_s"]), _s(-ttr["realised_change_s"]), "")
         _table(console, "saving, predicted (A) vs realised (B)", cols, wide)
         console.print(Text(f"time to ready: the prediction is an estimate ({ttr['basis']})", style="dim"))
-
-
-# --------------------------------------------------------------------------------------------
-# advise
 
 
 def render_advise(model: RunModel, console: Console, wide: bool = False) -> None:
