@@ -60,13 +60,13 @@ def set_breakdowns(model: RunModel) -> None:
     if windows.is_empty():
         return
     table = model.spans
-    work = ~model.array("instant") & ~table["phase"].is_in(STRUCTURAL_PHASES).to_numpy()
+    work = ~model.array("instant") & ~model.array("structural")
     parent, phase = model.array("parent"), model.array("phase_code")
     top = parent < 0
     # spans whose phase is their parent's change no innermost phase; a wait for a process that is
     # not traced (gcc under Inductor) is the enclosing phase's work
     changing = work & (top | (phase[np.maximum(parent, 0)] != phase))
-    untraced = untraced_waits(model, work)
+    untraced = untraced_waits(model)
     changing[untraced] &= top[untraced]
     rows = (
         table.lazy()
@@ -102,12 +102,12 @@ def set_breakdowns(model: RunModel) -> None:
         lane.breakdown = totals(lane.timeline)
 
 
-def untraced_waits(model: RunModel, work: np.ndarray) -> list[int]:
-    """The `process.wait` spans (by idx) of the rows `work` marks whose child has no lane: a
-    program that is not Python (a compiler), or one that ran untraced. Their time is the waiting
-    span's own work."""
+def untraced_waits(model: RunModel) -> list[int]:
+    """The `process.wait` spans (by idx; not instants) whose child has no lane: a program that is
+    not Python (a compiler), or one that ran untraced. Their time is the waiting span's own work."""
     traced = {lane.pid for lane in model.lanes if lane.pid is not None}
-    waits = model.core.filter(pl.lit(pl.Series(work)) & (pl.col("name") == "process.wait"))["idx"].to_list()
+    waits = model.matching(names=("process.wait",))
+    waits = waits.filter(~pl.col("instant") & ~pl.col("phase").is_in(STRUCTURAL_PHASES))["idx"].to_list()
     return [i for i in waits if model.attrs_of(i).get("starttrace.child_pid") not in traced]
 
 

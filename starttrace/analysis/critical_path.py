@@ -182,21 +182,18 @@ class _Candidates:
 
 def _candidates(model: RunModel) -> tuple[list[_Candidates], list[np.ndarray]]:
     """Per lane, the spans that can be on the path (sorted by end), and their ends."""
-    proc = [ln.process_span.idx for ln in model.lanes if ln.process_span is not None]
-    cand = (
-        model.spans.lazy()
-        .select("lane", "idx", "start", "eff_end", "duration", "phase", "instant")
-        .filter(
-            ~pl.col("phase").is_in(STRUCTURAL_PHASES)
-            & ~pl.col("idx").is_in(proc)
-            & ~pl.col("instant")
-            & (pl.col("duration") > 0)
-        )
-        .sort(["lane", "eff_end", "duration", "idx"], descending=[False, False, True, False])
-        .collect()
+    keep = ~model.array("structural") & ~model.array("instant") & (model.array("duration") > 0)
+    keep[[ln.process_span.idx for ln in model.lanes if ln.process_span is not None]] = False
+    order = (
+        model.spans.select("lane", "eff_end", "duration")
+        .filter(keep)
+        .select(pl.arg_sort_by("lane", "eff_end", "duration", descending=[False, False, True], maintain_order=True))
+        .to_series()
+        .to_numpy()
     )
-    rows, starts, ends = (cand[c].to_numpy() for c in ("idx", "start", "eff_end"))
-    bounds = np.searchsorted(cand["lane"].to_numpy(), np.arange(len(model.lanes) + 1))
+    rows = np.flatnonzero(keep)[order]
+    starts, ends = model.array("start")[rows], model.array("eff_end")[rows]
+    bounds = np.searchsorted(model.array("lane")[rows], np.arange(len(model.lanes) + 1))
     per_lane = [_Candidates(rows[a:b], starts[a:b], ends[a:b]) for a, b in itertools.pairwise(bounds)]
     return per_lane, [c.ends for c in per_lane]
 
@@ -225,7 +222,7 @@ def _starters(model: RunModel) -> dict[int, SpanNode]:
 def _target(model: RunModel) -> tuple[int, int]:
     """Where the path ends: the run's `ready`, else the span that ended last."""
     if model.ready_ns is not None:
-        ready = model.spans.filter((pl.col("name") == "ready") & (pl.col("start") == model.ready_ns))
+        ready = model.matching(names=("ready",)).filter(pl.col("start") == model.ready_ns)
         return (int(ready["lane"][0]) if ready.height else 0), model.ready_ns
     last = model.spans.row(int(model.spans["eff_end"].arg_max() or 0), named=True)
     return last["lane"], last["eff_end"]
@@ -239,7 +236,8 @@ class _Steppable:
     def __init__(self, model: RunModel) -> None:
         self.model = model
         self.ok = (
-            ~model.spans["phase"].is_in(["import", *STRUCTURAL_PHASES]).to_numpy()
+            ~model.array("is_import")
+            & ~model.array("structural")
             & ~model.array("instant")
             & (model.array("duration") > 0)
         )

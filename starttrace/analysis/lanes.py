@@ -50,11 +50,11 @@ def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = Non
     run = without_vllm_copies(run)  # vLLM's own OTLP copies of marks the journal holds
     lanes_by_id = {p.instance_id: _lane_of(p, run.service) for p in run.processes}
     frame = _all_spans(run, lanes_by_id)
-    for lane_id in frame["lane"].unique().to_list():  # spans of a lane without a process
+    for lane_id in dict.fromkeys(frame["lane"].rle().struct.field("value").to_list()):  # lanes without a process
         if lane_id not in lanes_by_id:
             lanes_by_id[lane_id] = _lane_of(Process(lane_id, 0, 0, None, {}, ""), run.service)
     frame = _linked(_resolved(frame))
-    ready_ns = _min_or_none(frame.filter(pl.col("name") == "ready")["start"])
+    ready_ns = frame.select(pl.col("start").filter(pl.col("name") == "ready").min()).item()
     dead = dead_lanes(run, lanes_by_id)  # liveness from evidence (analysis/liveness.py)
     status = _status(ready_ns, frame, list(lanes_by_id.values()))
     if dead:
@@ -109,8 +109,8 @@ def _min_or_none(series: pl.Series) -> int | None:
 
 
 def _all_spans(run: Run, lanes_by_id: dict[str, Lane]) -> pl.DataFrame:
-    """The run's span table with its root spans, each in the lane of the process it belongs to,
-    and `seq`, the order the source gave (ties of start keep it)."""
+    """The run's span table with its root spans, each in the lane of the process it belongs to, in
+    the order the source gave (ties of start keep it: the frame stays in this order until sorted)."""
     roots = []
     processes = dataclasses.replace(run, spans=run.spans.filter(pl.col("name") == "process"))  # what root_owner reads
     for s in run.root_spans:  # one root per node
@@ -125,7 +125,7 @@ def _all_spans(run: Run, lanes_by_id: dict[str, Lane]) -> pl.DataFrame:
     )  # type: ignore[arg-type]
     parts.append(spans)
     frame = pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
-    return frame.with_row_index("seq")
+    return frame
 
 
 def _resolved(frame: pl.DataFrame) -> pl.DataFrame:
@@ -162,8 +162,8 @@ def _end_open_spans(frame: pl.DataFrame, ended: dict[str, str]) -> pl.DataFrame:
     why = pl.DataFrame({"lane": list(ended), "why": list(ended.values())}, schema={"lane": pl.String, "why": pl.String})
     hit = pl.col("why").is_not_null() & pl.col("in_progress")
     return (
-        frame.join(last, on="lane", how="left")
-        .join(why, on="lane", how="left")
+        frame.join(last, on="lane", how="left", maintain_order="left")
+        .join(why, on="lane", how="left", maintain_order="left")
         .with_columns(
             pl.when(hit).then(pl.max_horizontal("last", "start")).otherwise(pl.col("end")).alias("end"),
             pl.when(hit & pl.col("error").is_null())
@@ -215,9 +215,8 @@ def _status(ready_ns: int | None, frame: pl.DataFrame, lanes: list[Lane]) -> str
 
 def _roots(frame: pl.DataFrame) -> pl.DataFrame:
     """The `startup` spans whose parent is not a span of the run."""
-    return frame.select("phase", "_up", "start", "in_progress").filter(
-        (pl.col("phase") == "startup") & (pl.col("_up") < 0)
-    )
+    startup = (pl.col("phase") == "startup") & (pl.col("_up") < 0)
+    return frame.lazy().filter(startup).select("phase", "_up", "start", "in_progress").collect()
 
 
 def _t0(frame: pl.DataFrame, t_first: int | None) -> int:
@@ -285,9 +284,9 @@ def _order_lanes(
     """Lanes by node, role, rank and start; the table sorted by lane, start and arrival, with each
     span's idx, its parents' idx and its depth."""
     proc = (
-        frame.select("lane", "phase", "name", "depth", "start", "seq")
+        frame.select("lane", "phase", "name", "depth", "start")
         .filter((pl.col("phase") == "process") | (pl.col("name") == "process"))
-        .sort("depth", "start", "seq")
+        .sort("depth", "start", maintain_order=True)
         .group_by("lane", maintain_order=True)
         .first()
     )
@@ -318,12 +317,11 @@ def _order_lanes(
     index = {ln.id: i for i, ln in enumerate(ordered)}
     runs = frame["lane"].rle().struct.unnest()  # the source's spans come in runs of one lane
     lane_index = np.repeat(np.array([index[v] for v in runs["value"].to_list()], dtype=np.int32), runs["len"])
-    old_rows = (
-        frame.select(pl.Series("lane_index", lane_index), "start", "seq")
-        .select(pl.arg_sort_by("lane_index", "start", "seq"))
-        .to_series()
-        .to_numpy()
-    )
+    # by lane, start and arrival: stable sorts, the last key first (a radix sort for the lanes)
+    by_start = np.argsort(frame["start"].to_numpy(), kind="stable")
+    old_rows = by_start[
+        np.argsort(lane_index.astype(np.int16 if len(ordered) < 2**15 else np.int32)[by_start], kind="stable")
+    ]
     new_of_old = np.empty(len(old_rows), dtype=np.int64)
     new_of_old[old_rows] = np.arange(len(old_rows), dtype=np.int64)
 
@@ -336,7 +334,7 @@ def _order_lanes(
     # `src` (`RunModel.side`); only the narrow ones are put in order
     side = frame.select("attrs", "attrs_pb")
     frame = (
-        frame.drop("attrs", "attrs_pb", "parent_id", "lane", "seq", "_up", "_same")[old_rows]
+        frame.drop("attrs", "attrs_pb", "parent_id", "lane", "_up", "_same")[old_rows]
         .with_columns(
             pl.int_range(pl.len(), dtype=pl.Int64).alias("idx"),
             pl.Series("lane", lane_index[old_rows]),
@@ -367,27 +365,27 @@ def _lane_facts(model: RunModel, run_ready: int | None) -> None:
     spans."""
     frame = model.core
     proc_rows = (
-        frame.filter((pl.col("phase") == "process") | (pl.col("name") == "process"))
+        model.matching(("process",), ("process",))
         .sort("depth", "idx")
         .group_by("lane", maintain_order=True)
         .agg(pl.col("idx").first())
     )
     proc_of = dict(proc_rows.iter_rows())
-    work = ~frame["phase"].is_in(STRUCTURAL_PHASES).to_numpy()
+    work = ~model.array("structural")
     work[list(proc_of.values())] = False
-    facts = frame.select("lane", "name", "phase", "start", "eff_end", "in_progress", "instant").lazy()
     is_work = pl.lit(pl.Series(work))
     own_ready = dict(
-        facts.filter(is_work & ((pl.col("phase") == "ready") | (pl.col("name") == "ready")))
+        model.matching(("ready",), ("ready",))
+        .filter(~pl.col("phase").is_in(STRUCTURAL_PHASES) & ~pl.col("idx").is_in(list(proc_of.values())))
         .group_by("lane")
         .agg(pl.col("start").min())
-        .collect()
         .iter_rows()
     )
     before_ready: dict[int, int] = {}
     if run_ready is not None:
         before_ready = dict(
-            facts.filter(is_work & ~pl.col("in_progress") & ~pl.col("instant") & (pl.col("eff_end") <= run_ready))
+            frame.lazy()
+            .filter(is_work & ~pl.col("in_progress") & ~pl.col("instant") & (pl.col("eff_end") <= run_ready))
             .group_by("lane")
             .agg(pl.col("eff_end").max())
             .collect()

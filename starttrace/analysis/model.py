@@ -258,6 +258,8 @@ class RunModel:
     _nodes: dict[int, SpanNode] = field(default_factory=dict, repr=False)
     _children: tuple[Any, Any] | None = field(default=None, repr=False)
     _arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    _marks: pl.DataFrame | None = field(default=None, repr=False)
+    _core: pl.DataFrame | None = field(default=None, repr=False)
 
     @property
     def live(self) -> bool:
@@ -274,7 +276,9 @@ class RunModel:
     @property
     def core(self) -> pl.DataFrame:
         """The span table's CORE_COLUMNS (no copy): what a pass over every span filters."""
-        return self.spans.select(CORE_COLUMNS)
+        if self._core is None:
+            self._core = self.spans.select(CORE_COLUMNS)
+        return self._core
 
     def lane_rows(self, lane: Lane | int) -> pl.DataFrame:
         """The lane's rows of the span table's CORE_COLUMNS (a slice: no copy)."""
@@ -306,17 +310,36 @@ class RunModel:
             self.nodes(self.spans[missing])
         return [self.node(i) for i in idxs]
 
+    def matching(
+        self, phases: tuple[str, ...] = (), names: tuple[str, ...] = (), lane: Lane | int | None = None
+    ) -> pl.DataFrame:
+        """The CORE_COLUMNS rows whose phase is in `phases` or whose name is in `names`, of one lane
+        or all, in table order. Unless imports are asked for, among `marks` only."""
+        imports = "import" in phases or any(name.startswith("import ") for name in names)
+        if imports:
+            rows = self.core if lane is None else self.lane_rows(lane)
+        else:
+            index = lane if isinstance(lane, int) else None if lane is None else lane.index
+            rows = self.marks if index is None else self.marks.filter(pl.col("lane") == index)
+        return rows.filter(pl.col("phase").is_in(list(phases)) | pl.col("name").is_in(list(names)))
+
+    @property
+    def marks(self) -> pl.DataFrame:
+        """The CORE_COLUMNS rows of every span but the imports named `import ...` (a few hundred per
+        process; made once): where a pass looking for spans of another kind searches."""
+        if self._marks is None:
+            plain = (pl.col("phase") == "import") & pl.col("name").str.starts_with("import ")
+            self._marks = self.core.filter(~plain.fill_null(False))
+        return self._marks
+
     def select(
         self,
         phases: tuple[str, ...] = (),
         names: tuple[str, ...] = (),
         lane: Lane | int | None = None,
     ) -> list[SpanNode]:
-        """The spans (as nodes) whose phase is in `phases` or whose name is in `names`, of one lane
-        or all, in table order: for the few spans of a kind a pass walks."""
-        rows = self.core if lane is None else self.lane_rows(lane)
-        found = rows.filter(pl.col("phase").is_in(list(phases)) | pl.col("name").is_in(list(names)))
-        return self.nodes_at(found["idx"].to_numpy())
+        """The spans (as nodes) `matching` those phases or names: for the few spans of a kind a pass walks."""
+        return self.nodes_at(self.matching(phases, names, lane)["idx"].to_numpy())
 
     def child_rows(self, idx: int) -> Any:
         """The rows of the span's children in its lane, by start (an index built once per model)."""
@@ -331,7 +354,8 @@ class RunModel:
 
     def array(self, name: str) -> np.ndarray:
         """A column of the span table as a numpy array, made once per model (read only): `parent`
-        (-1: none), `phase_code` (equal codes: equal phases), `is_import`, or a column without nulls."""
+        (-1: none), `phase_code` (equal codes: equal phases), `is_import`, `structural` (a phase of
+        STRUCTURAL_PHASES), or a column without nulls."""
         got = self._arrays.get(name)
         if got is None:
             if name == "parent":
@@ -340,6 +364,8 @@ class RunModel:
                 column = self.spans["phase"].cast(pl.Categorical).to_physical()
             elif name == "is_import":
                 column = self.spans["phase"] == "import"
+            elif name == "structural":
+                column = self.spans["phase"].is_in(STRUCTURAL_PHASES)
             else:
                 column = self.spans[name]
             got = self._arrays[name] = column.to_numpy()

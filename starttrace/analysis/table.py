@@ -18,8 +18,9 @@ from starttrace.run import as_int64
 __all__ = ["as_int64", "span_table", "spans_named"]
 
 
-def span_table(model: RunModel) -> pl.DataFrame:
-    return model.spans.select(
+def span_table(model: RunModel, names: tuple[str, ...]) -> pl.DataFrame:
+    """The table's rows of spans with one of `names`."""
+    return model.matching(names=names).select(
         "lane", "idx", "parent", "depth", "name", "phase", "start", pl.col("eff_end").alias("end"), "instant"
     )
 
@@ -28,7 +29,7 @@ def spans_named(model: RunModel, names: tuple[str, ...], attrs: dict[str, pl.Dat
     """The rows (as `span_table`'s) of spans with one of `names`, with the attributes `attrs` (key ->
     column type) as columns (null where a span has none or one of another type). A few spans per
     process: their attributes are decoded row by row."""
-    rows = span_table(model).filter(pl.col("name").is_in(list(names)))
+    rows = span_table(model, names)
     columns = {}
     decoded = [model.attrs_of(i) for i in rows["idx"].to_list()] if attrs else []
     for key, dtype in attrs.items():

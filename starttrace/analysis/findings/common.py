@@ -82,7 +82,7 @@ def is_forkserver(model: RunModel, lane: Lane) -> bool:
         return True
     preloading = getattr(model, "_preloading", None)
     if preloading is None:
-        preloading = set(model.spans.filter(pl.col("phase") == "forkserver_preload")["lane"].unique().to_list())
+        preloading = set(model.matching(("forkserver_preload",))["lane"].to_list())
         model._preloading = preloading  # type: ignore[attr-defined]
     return lane.index in preloading
 
@@ -108,34 +108,34 @@ class ImportTree:
 
     Arrays over every row of `model.spans`: `is_import`; `up_import`, the row of the import that
     encloses it most closely in its lane (through spans that are not imports; -1: none, a top
-    import); `top`, the outermost import enclosing it or itself (-1 for a span outside any import)."""
+    import); `top`, the outermost import enclosing it or itself (-1 for a span outside any import);
+    `rooted`, whether that top counts as a root (completed), and `top_start`, its start."""
 
     def __init__(self, model: RunModel) -> None:
-        spans = model.spans
         self.model = model
-        self.is_import = (spans["phase"] == "import").to_numpy()
-        parent = spans["parent"].fill_null(-1).to_numpy().astype(np.int64)
+        self.is_import = model.array("is_import")
+        parent = model.array("parent")
         up = np.full(len(parent), -1, dtype=np.int64)
-        cur = parent.copy()
-        pending = cur >= 0
-        for _ in range(MAX_DEPTH):
-            if not pending.any():
+        rows = np.flatnonzero(parent >= 0)
+        cur = parent[rows]
+        for _ in range(MAX_DEPTH):  # each step: the rows whose enclosing import is further up
+            if not len(rows):
                 break
-            at = cur[pending]
-            hit = self.is_import[at]
-            rows = np.flatnonzero(pending)
-            up[rows[hit]] = at[hit]
-            cur[rows[hit]] = -1
-            cur[rows[~hit]] = parent[at[~hit]]
-            pending = cur >= 0
+            hit = self.is_import[cur]
+            up[rows[hit]] = cur[hit]
+            rows, cur = rows[~hit], parent[cur[~hit]]
+            rows, cur = rows[cur >= 0], cur[cur >= 0]
         self.up_import = up
         # rows by their depth in the lane's tree: an enclosing import is always shallower, so one
         # pass over these levels, top down, settles every row (a walk per row costs its depth)
-        depth = spans["depth"].to_numpy()
+        depth = model.array("depth").astype(np.int16)  # < MAX_DEPTH: a radix sort
         order = np.argsort(depth, kind="stable")
         bounds = np.flatnonzero(np.diff(depth[order])) + 1
         self.levels = np.split(order, bounds) if len(order) else []
         self.top = self.outermost(self.is_import)
+        safe = np.maximum(self.top, 0)
+        self.rooted = (self.top >= 0) & ~model.array("in_progress")[safe]
+        self.top_start = model.array("start")[safe]
 
     def outermost(self, mark: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """Per row (of `rows`, default all): the outermost import among itself and the imports
@@ -156,40 +156,19 @@ def import_tree(model: RunModel) -> ImportTree:
     return tree
 
 
-def forest(model: RunModel) -> pl.DataFrame:
-    """Every import with the top import of its tree (`top`), and whether that top counts as a root
-    (`rooted`: completed; a top import is one no other import of its lane encloses) with its
-    `top_start`. Built once per model."""
-    got = getattr(model, "_forest", None)
-    if got is None:
-        tree = import_tree(model)
-        top = tree.top
-        safe = np.maximum(top, 0)
-        done = ~model.spans["in_progress"].to_numpy()
-        starts = model.spans["start"].to_numpy()
-        got = (
-            model.core.select("idx", "lane", "phase", "module", "start", "duration", "in_progress", "error")
-            .with_columns(
-                pl.Series("top", top),
-                pl.Series("rooted", (top >= 0) & done[safe]),
-                pl.Series("top_start", starts[safe]),
-            )
-            .filter(pl.col("phase") == "import")
-        )
-        model._forest = got  # type: ignore[attr-defined]
-    return got  # type: ignore[no-any-return]
-
-
 def tree_rows(model: RunModel, lanes: list[Lane], until: dict[int, int | None] | None = None) -> pl.DataFrame:
     """The imports in the trees of the top imports of `lanes` (completed; started before the lane's
     `until` where given), the tops themselves included, with `top`."""
-    until = until or {}
-    limits = {ln.index: u for ln in lanes if (u := until.get(ln.index)) is not None}
-    rows = forest(model).filter(pl.col("lane").is_in([ln.index for ln in lanes]) & pl.col("rooted"))
-    if limits:
-        limit = pl.col("lane").replace_strict(limits, default=None, return_dtype=pl.Int64)
-        rows = rows.filter(limit.is_null() | (pl.col("top_start") < limit))
-    return rows.drop("rooted", "top_start")
+    tree, until, parts = import_tree(model), until or {}, [np.zeros(0, dtype=np.int64)]
+    for lane in (model.lanes[i] for i in sorted({ln.index for ln in lanes})):  # each lane: a slice of the table
+        rows = slice(lane.offset, lane.offset + lane.count)
+        keep = tree.is_import[rows] & tree.rooted[rows]
+        if (limit := until.get(lane.index)) is not None:
+            keep &= tree.top_start[rows] < limit
+        parts.append(np.flatnonzero(keep) + lane.offset)
+    chosen = np.concatenate(parts)
+    columns = ("idx", "lane", "phase", "module", "start", "duration", "in_progress", "error")
+    return model.core.select(columns)[chosen].with_columns(pl.Series("top", tree.top[chosen]))
 
 
 def top_imports(model: RunModel, lanes: list[Lane], until: dict[int, int | None] | None = None) -> pl.DataFrame:

@@ -41,9 +41,8 @@ def compile_facts(model: RunModel) -> pl.DataFrame:
     missed = graphs.filter(pl.col("starttrace.compile.cache") == "miss").select(
         "lane", pl.col("start").alias("g_start"), pl.col("end").alias("g_end")
     )
-    table = span_table(model)
     backend = (
-        table.filter(pl.col("name").is_in(list(BACKEND)))
+        span_table(model, BACKEND)
         .join(missed, on="lane", how="inner")  # a few graphs per lane: the pairs are few
         .filter((pl.col("start") >= pl.col("g_start")) & (pl.col("end") <= pl.col("g_end")))
         .select("lane", "start", "end")

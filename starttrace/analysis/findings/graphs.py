@@ -27,7 +27,7 @@ def graph_capture_findings(model: RunModel) -> list[dict[str, Any]]:
         (CAPTURE,),
         {"starttrace.cuda_graphs.batch_size": pl.Int64(), "starttrace.cuda_graphs.memory_bytes": pl.Int64()},
     )
-    whole = span_table(model).filter(pl.col("name").is_in(list(WHOLE)))
+    whole = span_table(model, WHOLE)
     both = pl.concat([sizes.select("lane", "start", "end"), whole.select("lane", "start", "end")])
     per_lane = {lane_index: ns / 1e9 for lane_index, ns in union_by(both, ["lane"]).iter_rows()}
     if not per_lane:

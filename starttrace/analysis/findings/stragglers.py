@@ -48,7 +48,7 @@ def straggler_findings(model: RunModel) -> list[dict[str, Any]]:
         [lower.str.contains(w, literal=True) for w in WAIT_NAMES]
     )
     per = (
-        model.spans.filter(
+        model.marks.filter(
             pl.col("lane").is_in([ln.index for ln in ranks])
             & ~pl.col("phase").is_in(list(SKIP_PHASES))
             & ~pl.col("instant")
