@@ -40,10 +40,8 @@ def _alive(pid: int) -> bool:
 
 
 class ReadyWatch:
-    """Scans only the new bytes of each journal file for the `ready` record.
-
-    Both journal versions: a version 2 segment ends in zero bytes (its unused part), so a scan
-    stops at the first zero byte and resumes there on the next poll."""
+    """Scans only the new bytes of each journal file for the `ready` record, up to the first zero
+    byte (a version 2 segment's unused part), where the next poll resumes."""
 
     CHUNK = 1 << 16
     OVERLAP = 32  # a record cut between two polls is seen whole on the next one

@@ -15,6 +15,11 @@ import polars as pl
 
 from starttrace.run import Process, Run, journal_cut
 
+_WARNINGS = {
+    "killed": "killed: the process died without recording its exit; its open spans end at its last record",
+    "lost": "lost: its journal was cut short (disk full?); nothing after its last record is known",
+}
+
 
 def ending(process: Process, still_open: bool) -> tuple[str | None, bool]:
     """(`lost` (journal cut short) | `killed` (dead, no exit recorded) | None, dead); `still_open`:
@@ -51,13 +56,8 @@ def dead_lanes(run: Run, lanes_by_id: dict[str, Any]) -> dict[int, tuple[Any, st
         if why is None:
             continue
         out[id(lane)] = (lane, why)
-        text = (
-            "killed: the process died without recording its exit; its open spans end at its last record"
-            if why == "killed"
-            else "lost: its journal was cut short (disk full?); nothing after its last record is known"
-        )
-        if text not in lane.warnings:
-            lane.warnings.append(text)
+        if _WARNINGS[why] not in lane.warnings:
+            lane.warnings.append(_WARNINGS[why])
     return out
 
 

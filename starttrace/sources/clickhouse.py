@@ -9,6 +9,7 @@ the exporter wrote as strings, are typed back in SQL; resource values in Python 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from string import Template
@@ -147,10 +148,8 @@ def typed(key: str, value: str) -> Any:
     if _FLOAT.match(value):
         return float(value)
     if value[:1] in ("[", "{"):
-        try:
+        with contextlib.suppress(ValueError):
             return json.loads(value)
-        except ValueError:
-            return value
     return value
 
 
@@ -191,9 +190,7 @@ class ClickHouseRuns:
         if until_ns is not None:
             having += " AND start_ns <= {until:Int64}"
             params["until"] = until_ns
-        sql = self._sql(LIST_SQL, where=where, having=having)
-        table = self.client.arrow(sql, params)
-        rows = table.to_pylist()
+        rows = self.client.arrow(self._sql(LIST_SQL, where=where, having=having), params).to_pylist()
         for row in rows:
             row.update(source="clickhouse", version=int(row["spans"]), updated_at=None)
         return rows

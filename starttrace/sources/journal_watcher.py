@@ -193,12 +193,11 @@ class JournalWatcher:
             )
             for p in run.processes
         ]
-        service = (run.meta or {}).get("service") if isinstance(run.meta, dict) else None
         meta = RunMeta(
             run_id=run.run_id,
             trace_id=run.trace_id or None,
             meta=dict(run.meta or {}),
             problems=list(run.problems),
-            service=service if isinstance(service, str) else None,
+            service=run.service,  # run.json's service, as read_run takes it
         )
         return IngestBatch(processes=processes, runs=[meta], replace_problems=True)

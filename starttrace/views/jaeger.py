@@ -12,17 +12,14 @@ from starttrace.analysis.detail import DEFAULT_DETAIL, DEFAULT_IMPORT_BUDGET, ap
 from starttrace.run import Run, Span, span_of
 from starttrace.views.perfetto import lane_rows, sort_key
 
+_TAG_TYPES = ((bool, "bool"), (int, "int64"), (float, "float64"), (str, "string"))  # bool before int: a subclass
+
 
 def _tag(key: str, value: Any) -> dict[str, Any]:
-    if isinstance(value, bool):
-        return {"key": key, "type": "bool", "value": value}
-    if isinstance(value, int):
-        return {"key": key, "type": "int64", "value": value}
-    if isinstance(value, float):
-        return {"key": key, "type": "float64", "value": value}
-    if isinstance(value, str):
-        return {"key": key, "type": "string", "value": value}
-    return {"key": key, "type": "string", "value": json.dumps(value, default=str)}
+    kind = next((name for cls, name in _TAG_TYPES if isinstance(value, cls)), None)
+    if kind is None:
+        return {"key": key, "type": "string", "value": json.dumps(value, default=str)}
+    return {"key": key, "type": kind, "value": value}
 
 
 def trace_hex(run: Run) -> str:
