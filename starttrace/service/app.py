@@ -70,9 +70,7 @@ def parse_retention(value: str | float | int | None) -> float | None:
     m = _DURATION.match(str(value))
     if not m:
         raise ValueError(f"invalid retention {value!r}: use e.g. 7d, 12h, 30m")
-    n = float(m.group(1))
-    unit = m.group(2) or "d"
-    return n * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[unit]
+    return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2) or "d"]
 
 
 @dataclass

@@ -112,9 +112,8 @@ def _table(console: Console, title: str | None, cols: Sequence[Col], wide: bool 
             cell = c.cells[row] if row < len(c.cells) else ""
             values.append(Text(cell if isinstance(cell, str) else cell(w)))
         table.add_row(*values)
-    total = sum(widths) + overhead
     if wide:
-        console.print(table, width=max(console.width, total), crop=False)
+        console.print(table, width=max(console.width, sum(widths) + overhead), crop=False)
     else:
         console.print(table)
 
@@ -154,10 +153,9 @@ def render_report(model: RunModel, console: Console, wide: bool = False) -> None
 
 
 def _report_head(model: RunModel, console: Console) -> None:
-    head = Text()
-    head.append(f"run {model.run_id}", style="bold")
-    head.append(f"  service {model.service or '-'}  status {model.status}")
-    console.print(head)
+    console.print(
+        Text.assemble((f"run {model.run_id}", "bold"), f"  service {model.service or '-'}  status {model.status}")
+    )
     console.print(
         f"startup {model.startup_s:.3f} s  processes {len(model.lanes)}  spans {model.spans.height}", markup=False
     )
