@@ -168,13 +168,8 @@ def success_response(rejected: int, errors: list[str], encoding: str) -> Respons
         resp.partial_success.error_message = "; ".join(errors)[:1000]
     if encoding == PROTOBUF:
         return Response(resp.SerializeToString(), status_code=200, media_type=PROTOBUF)
-    if rejected:
-        body = json.dumps(
-            {"partialSuccess": {"rejectedSpans": str(rejected), "errorMessage": resp.partial_success.error_message}}
-        )
-    else:
-        body = "{}"
-    return Response(body, status_code=200, media_type=JSON)
+    partial = {"rejectedSpans": str(rejected), "errorMessage": resp.partial_success.error_message}
+    return Response(json.dumps({"partialSuccess": partial}) if rejected else "{}", status_code=200, media_type=JSON)
 
 
 def media_type(request: Request) -> str:

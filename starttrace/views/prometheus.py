@@ -94,9 +94,6 @@ class StartTraceCollector:
         self.counters = counters
         self.models = models
 
-    def describe(self) -> list[Metric]:
-        return []
-
     def collect(self) -> Iterator[Metric]:
         # Long by design: one metric family after the other, each a few lines, in the order /metrics lists them.
         ttr_h = HistogramMetricFamily(
