@@ -27,7 +27,6 @@ from __future__ import annotations
 import bisect
 import heapq
 
-import numpy as np
 import polars as pl
 
 from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, RunModel
@@ -61,13 +60,11 @@ def set_breakdowns(model: RunModel) -> None:
         return
     table = model.spans
     work = ~model.array("instant") & ~model.array("structural")
-    parent, phase = model.array("parent"), model.array("phase_code")
-    top = parent < 0
     # spans whose phase is their parent's change no innermost phase; a wait for a process that is
     # not traced (gcc under Inductor) is the enclosing phase's work
-    changing = work & (top | (phase[np.maximum(parent, 0)] != phase))
+    changing = work & ~model.array("same_phase")
     untraced = untraced_waits(model)
-    changing[untraced] &= top[untraced]
+    changing[untraced] &= model.array("parent")[untraced] < 0
     rows = (
         table.lazy()
         .select("lane", "start", pl.col("eff_end").alias("end"), "depth", "phase")

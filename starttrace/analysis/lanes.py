@@ -129,7 +129,8 @@ def _all_spans(run: Run, lanes_by_id: dict[str, Lane]) -> pl.DataFrame:
 
 
 def _resolved(frame: pl.DataFrame) -> pl.DataFrame:
-    """Phases and modules resolved, open spans without an end, instants that are closed."""
+    """Phases and modules resolved, open spans without an end, instants that are closed; a column
+    is rewritten only where a row needs it (most sources name every span's phase and module)."""
     name = pl.col("name")
     by_name = name.replace_strict(NAME_PHASES, default=None, return_dtype=pl.String).fill_null(
         pl.when(name.str.starts_with("import "))
@@ -138,16 +139,24 @@ def _resolved(frame: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit("forkserver_preload"))
         .otherwise(pl.lit("other"))
     )
+    has_phase = pl.col("phase").is_not_null() & (pl.col("phase") != "")
     open_ = pl.col("in_progress") | pl.col("end").is_null()
+    needs = frame.select(
+        (~has_phase).any(ignore_nulls=False),
+        (pl.col("module").is_null() & name.str.starts_with("import ")).any(ignore_nulls=False),
+        open_.any(ignore_nulls=False),
+    ).row(0)
+    resolved = [
+        [pl.when(has_phase).then(pl.col("phase")).otherwise(by_name).alias("phase")],
+        [pl.coalesce("module", pl.when(name.str.starts_with("import ")).then(name.str.slice(7))).alias("module")],
+        [
+            open_.alias("in_progress"),
+            pl.when(open_).then(None).otherwise(pl.col("end")).alias("end"),
+            (pl.col("instant") & ~open_).alias("instant"),
+        ],
+    ]
     return frame.with_columns(
-        pl.when(pl.col("phase").is_not_null() & (pl.col("phase") != ""))
-        .then(pl.col("phase"))
-        .otherwise(by_name)
-        .alias("phase"),
-        pl.coalesce("module", pl.when(name.str.starts_with("import ")).then(name.str.slice(7))).alias("module"),
-        open_.alias("in_progress"),
-        pl.when(open_).then(None).otherwise(pl.col("end")).alias("end"),
-        (pl.col("instant") & ~open_).alias("instant"),
+        expr for need, exprs in zip(needs, resolved, strict=True) if need is not False for expr in exprs
     )
 
 
@@ -480,8 +489,7 @@ def _contained(model: RunModel, timed: np.ndarray) -> tuple[np.ndarray, np.ndarr
     p = np.maximum(parent, 0)
     start, end = model.array("start"), model.array("eff_end")
     inside = timed & (parent >= 0) & timed[p] & (start >= start[p]) & (end <= end[p])
-    phase = model.array("phase_code")
-    return inside, inside & (phase == phase[p])
+    return inside, inside & model.array("same_phase")
 
 
 def _gaps(segments: pl.DataFrame, windows: pl.DataFrame) -> dict[int, list[tuple[int, int]]]:

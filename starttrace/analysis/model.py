@@ -346,22 +346,24 @@ class RunModel:
         if self._children is None:
             parent = self.array("parent")
             rows = np.flatnonzero(parent >= 0)
-            order = np.argsort(parent[rows], kind="stable")
-            rows = rows[order]
-            self._children = (rows, np.searchsorted(parent[rows], np.arange(len(parent) + 1)))
+            rows = rows[np.argsort(parent[rows], kind="stable")]
+            offsets = np.concatenate(([0], np.cumsum(np.bincount(parent[rows], minlength=len(parent)))))
+            self._children = (rows, offsets)
         rows, offsets = self._children
         return rows[offsets[idx] : offsets[idx + 1]]
 
     def array(self, name: str) -> np.ndarray:
         """A column of the span table as a numpy array, made once per model (read only): `parent`
-        (-1: none), `phase_code` (equal codes: equal phases), `is_import`, `structural` (a phase of
+        (-1: none), `same_phase` (its phase is its parent's), `is_import`, `structural` (a phase of
         STRUCTURAL_PHASES), or a column without nulls."""
         got = self._arrays.get(name)
         if got is None:
             if name == "parent":
                 column = self.spans["parent"].fill_null(-1)
-            elif name == "phase_code":
-                column = self.spans["phase"].cast(pl.Categorical).to_physical()
+            elif name == "same_phase":
+                parent = pl.col("parent")
+                same = parent.is_not_null() & (pl.col("phase") == pl.col("phase").gather(parent.fill_null(0)))
+                column = self.spans.select(same).to_series()
             elif name == "is_import":
                 column = self.spans["phase"] == "import"
             elif name == "structural":
