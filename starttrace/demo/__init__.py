@@ -114,7 +114,6 @@ def _run_demo(
         f" log {log_path}"
     )
     server = start_server(command, env, log_path=log_path, cwd=workdir)
-    completion: dict | None = None
     try:
         ready_s = _wait_with_status(console, server, log_path, timeout, wait_ready)
         if ready_s is None:
@@ -131,7 +130,7 @@ def _run_demo(
         with console.status("stopping vLLM"):
             stop_server(server)
 
-    run_dir = _find_run(log_path, journal_root, server.started)
+    run_dir = _find_run(log_path, journal_root)
     if run_dir is None:
         console.print(f"[red]no starttrace run found under {journal_root}: was tracing active? see {log_path}[/red]")
         return 1
@@ -222,7 +221,7 @@ def _last_line(path: Path) -> str:
         return ""
 
 
-def _find_run(log_path: Path, journal_root: Path, started: float) -> Path | None:
+def _find_run(log_path: Path, journal_root: Path) -> Path | None:
     try:
         text = log_path.read_text(errors="replace")
     except OSError:

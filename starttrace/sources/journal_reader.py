@@ -265,7 +265,6 @@ def read_run(run_dir: Path) -> Run:
     # one root span per node of a multi-node run: each node's root process names its own
     root_ids = dict.fromkeys([root_span_id] + [str(j.record.get("root_span") or "") for _, j in parsed])
     root_spans = sorted((all_spans.pop(i) for i in root_ids if i in all_spans), key=lambda s: s.start_ns)
-    processes: list[Process] = []
     owned: list[tuple[Process, list[Span]]] = []  # each process with its spans (sorted by start)
     for path, journal in parsed:
         record = journal.record
@@ -294,9 +293,8 @@ def read_run(run_dir: Path) -> Run:
         host = str(record.get("host", ""))
         process.alive = False if process.exited else process_alive(process.pid, created_mono, host)
         owned.append((process, sorted(spans, key=lambda s: s.start_ns)))
-        processes.append(process)
 
-    _add_clock_states(run_dir, processes)
+    _add_clock_states(run_dir, [p for p, _ in owned])
     problems.extend(missing_problems(run_dir, owned))
     _resolve_parents(owned, root_spans, all_spans, {root_span_id, *(s.span_id for s in root_spans)})
     _end_process_lanes(owned, root_spans)

@@ -14,10 +14,9 @@ ENV_DETAIL = "STARTTRACE_OTLP_DETAIL"
 ENV_SUMMARY_IMPORTS = "STARTTRACE_SUMMARY_IMPORTS"
 
 
-def check_detail(detail: str) -> str:
+def check_detail(detail: str) -> None:
     if detail not in DETAILS:
         raise ValueError(f"unknown detail {detail!r}; one of {', '.join(DETAILS)}")
-    return detail
 
 
 def parse_import_budget(value: str | int | None, source: str = ENV_SUMMARY_IMPORTS) -> int:
