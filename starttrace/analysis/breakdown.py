@@ -81,19 +81,7 @@ def set_breakdowns(model: RunModel) -> None:
     by_lane = {key[0]: part for key, part in rows.partition_by("lane", as_dict=True).items()}
     for lane_index, w_start, w_end in windows.iter_rows():
         part = by_lane.get(lane_index)
-        spans = (
-            []
-            if part is None
-            else list(
-                zip(
-                    part["s"].to_list(),
-                    part["e"].to_list(),
-                    part["depth"].to_list(),
-                    part["phase"].to_list(),
-                    strict=True,
-                )
-            )
-        )
+        spans = [] if part is None else list(part.select("s", "e", "depth", "phase").iter_rows())
         lane = model.lanes[lane_index]
         lane.timeline = sweep(spans, w_start, w_end)
         lane.breakdown = totals(lane.timeline)

@@ -60,7 +60,7 @@ def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = Non
     if dead:
         status = (ended_status(why for _, why in dead.values()) or status) if status == "exited" else status
         frame = _end_open_spans(frame, {lane.id: why for lane, why in dead.values()})
-    t_first = _min_or_none(frame["start"])
+    t_first = frame.select(pl.col("start").min()).item()
     t_last = int(frame.select(pl.coalesce("end", "start").max()).item() or 0) if frame.height else 0
     t_eff = max(now, t_last) if status == "running" else t_last
     frame = frame.with_columns(
@@ -101,11 +101,6 @@ def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = Non
     model.findings = find_all(model, stall_s)
     model.preload_advice = preload_advice_rows(model.findings)
     return model
-
-
-def _min_or_none(series: pl.Series) -> int | None:
-    value = series.min()
-    return None if value is None else int(value)  # type: ignore[arg-type]
 
 
 def _all_spans(run: Run, lanes_by_id: dict[str, Lane]) -> pl.DataFrame:
@@ -576,18 +571,10 @@ def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str
         )
         .sort(["cum", "mod"], descending=[True, False])
         .head(limit)
+        .select("mod", "cum", "self", "processes", "ranks_paid", "imports")
         .collect()
     )
     return [
-        {
-            "module": mod,
-            "cumulative_s": cum / 1e9,
-            "self_s": self_ / 1e9,
-            "processes": processes,
-            "ranks_paid": ranks,
-            "imports": count,
-        }
-        for mod, cum, self_, processes, ranks, count in top.select(
-            "mod", "cum", "self", "processes", "ranks_paid", "imports"
-        ).iter_rows()
+        {"module": m, "cumulative_s": c / 1e9, "self_s": s / 1e9, "processes": p, "ranks_paid": r, "imports": n}
+        for m, c, s, p, r, n in top.iter_rows()
     ]

@@ -101,14 +101,9 @@ def preload_findings(model: RunModel) -> list[dict[str, Any]]:
     return out
 
 
-def _group_trees(model: RunModel, lanes: list[Lane], until: dict[int, int | None]) -> pl.DataFrame:
-    """The imports in the trees of each lane's top imports that started before its `until`."""
-    return tree_rows(model, lanes, until)
-
-
 def covering(model: RunModel, group: Group, tainted: dict[str, tuple[Lane, list[str]]], excluded: set[str]) -> Covering:
     until = {ln.index: cutoff_ns(model, ln) for ln in group.lanes}
-    trees = _group_trees(model, group.lanes, until)
+    trees = tree_rows(model, group.lanes, until)
     held = forkserver_modules(model, group.launcher) if group.method == "forkserver" and group.launcher else set()
     # modules two ranks or more paid for, except the program's own, what the forkserver holds
     # already, and starttrace's; those whose import ran cuda.init are refused, not picked
@@ -213,7 +208,7 @@ def _keep(
 def covered_ns(model: RunModel, lane: Lane, covered: set[str], until: int | None = None) -> int:
     """The time inside the outermost imports of `lane` (started before `until`) whose module is in
     `covered`."""
-    trees = _group_trees(model, [lane], {lane.index: until})
+    trees = tree_rows(model, [lane], {lane.index: until})
     found = outermost_rows(model, trees, trees["module"].is_in(list(covered)).fill_null(False))
     return int(found["duration"].sum() or 0)
 
