@@ -184,10 +184,7 @@ def preload_checks(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
     """For each `preload` finding of A: did B apply it (its forkservers preload the modules), and
     per rank the predicted saving (A's measured re-import seconds) against the realised one
     (A's import seconds minus B's, same rank); on time to ready, A's estimate against B - A."""
-    held = set()
-    for lane in b.lanes:
-        if is_forkserver(b, lane):
-            held.update(preload_list(b, lane))
+    held = {module for lane in b.lanes if is_forkserver(b, lane) for module in preload_list(b, lane)}
     out = []
     for f in a.findings:
         if f["kind"] != "preload" or not f["modules"]:

@@ -77,11 +77,8 @@ def node_rows(model: RunModel) -> list[dict[str, Any]]:
 
 def node_positions(model: RunModel) -> dict[str, int]:
     """Each node's position in lane order (node 0: rank 0's); how two runs' nodes are matched."""
-    out: dict[str, int] = {}
-    for lane in model.lanes:
-        if lane.node is not None and lane.node not in out:
-            out[lane.node] = len(out)
-    return out
+    nodes = dict.fromkeys(lane.node for lane in model.lanes if lane.node is not None)
+    return {node: i for i, node in enumerate(nodes)}
 
 
 def compare_nodes(a: RunModel, b: RunModel) -> list[dict[str, Any]]:

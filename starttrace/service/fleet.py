@@ -121,8 +121,7 @@ class FactsDeriver:
     def _loop(self) -> None:
         while not self._stop.is_set():
             self.run_once()
-            if self._stop.wait(self.interval_s):
-                return
+            self._stop.wait(self.interval_s)
 
 
 def model_loader(cache: Any) -> ModelLoader:
