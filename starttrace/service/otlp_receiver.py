@@ -39,10 +39,8 @@ class Busy(Exception):
 
 
 class IngestBudget:
-    """The bytes of request bodies (after decompression) the receiver holds at once, from the
-    first byte read until the request is answered (the body, its decoded spans, the queued batch).
-    Past `max_bytes` a request is refused with 503 + Retry-After, so memory stays bounded whatever
-    the clients send; a request alone is always let through (up to the body limit)."""
+    """The bytes of request bodies (inflated) the receiver holds at once, from the first byte read
+    until the answer; past `max_bytes` a request is refused (503 + Retry-After) unless it is alone."""
 
     def __init__(self, max_bytes: int = DEFAULT_INFLIGHT_BYTES) -> None:
         self.max_bytes = max_bytes

@@ -59,8 +59,7 @@ def parse_url(url: str) -> ClickHouseURL:
     """`http(s)://user:pass@host:port/db?table=T` or `chdb:PATH[?database=D&table=T]`."""
     url = url.strip()
     if url.startswith("chdb:"):
-        rest = url[len("chdb:") :]
-        path, _, query = rest.partition("?")
+        path, _, query = url.removeprefix("chdb:").partition("?")
         if not path:
             raise ClickHouseError("chdb URL without a path: use chdb:/path/to/dir")
         q = {k: v[-1] for k, v in parse_qs(query).items()}

@@ -118,7 +118,7 @@ class _ParsedJournal:
     problems: list[str]
 
 
-def _parse_journal(path: Path) -> _ParsedJournal | str | None:
+def _parse_journal(path: Path) -> _ParsedJournal | str:
     """Parse one journal; a string is the reason the whole file was skipped."""
     # Long by design: one pass over a journal's records, one branch per record kind (docs/journal.md); kept in one loop
     # for speed on 100k-record journals.
@@ -237,7 +237,7 @@ def read_run(run_dir: Path) -> Run:
         result = _parse_journal(path)
         if isinstance(result, str):
             problems.append(result)
-        elif result is not None:
+        else:
             parsed.append((path, result))
             problems.extend(result.problems)
     if not parsed:
