@@ -180,40 +180,61 @@ _BATCH_INSERT = "INSERT INTO span_batches(lane, trace, spans, body, rows) VALUES
 
 # the newest batches the writer stored, kept as columns (`_FreshBatches`): ~250 bytes a span
 FRESH_SPANS = 500_000
+FRESH_READ_SPANS = 50_000  # their streams read in one call per this many spans (or by a reader)
 
 
 class _FreshBatches:
-    """The newest stored batches as columns (seq -> table), read from their streams by the writer
-    right after its commit, so that a run read just after its ingest reads no blob back (the first
-    answer after a bulk ingest). The oldest go first past `max_spans`; a delete empties it (SQLite
-    may give a deleted batch's seq to a new one)."""
+    """The newest stored batches as columns (seq -> table), so that a run read right after its
+    ingest reads no blob back (the first answer after a bulk ingest). The writer hands each
+    committed batch over as it stored it; their streams are read in one call per FRESH_READ_SPANS
+    spans, or by the first reader that wants them. The oldest go first past `max_spans`; a delete
+    empties it (SQLite may give a deleted batch's seq to a new one)."""
 
-    def __init__(self, max_spans: int) -> None:
+    def __init__(self, max_spans: int, errors: list[str]) -> None:
         self.max_spans = max_spans
+        self.errors = errors  # the store's: a failure is reported once, and the blobs read instead
         self._frames: dict[int, pl.DataFrame] = {}
         self._spans = 0
+        self._unread: list[tuple[int, bytes, int]] = []  # (seq, body, rows), not read yet
+        self._unread_spans = 0
         self._lock = threading.Lock()
 
     def add(self, seqs: list[int], bodies: list[bytes], rows: list[int]) -> None:
-        frame, counts = read_packed(bodies, rows)
         with self._lock:
-            offset = 0
-            for seq, n in zip(seqs, counts, strict=True):
-                if n:
-                    self._frames[seq] = frame.slice(offset, n)
-                    self._spans += n
-                    offset += n
-            while self._spans > self.max_spans and self._frames:
-                self._spans -= self._frames.pop(next(iter(self._frames))).height
+            self._unread.extend(zip(seqs, bodies, rows, strict=True))
+            self._unread_spans += sum(rows)
+            if self._unread_spans >= FRESH_READ_SPANS:
+                self._read()
+
+    def _read(self) -> None:
+        unread, self._unread, self._unread_spans = self._unread, [], 0
+        if not unread or not self.max_spans:
+            return
+        try:
+            frame, counts = read_packed([u[1] for u in unread], [u[2] for u in unread])
+        except Exception as exc:  # only a shortcut: these are read from their blobs
+            if not any(e.startswith("fresh batches") for e in self.errors):
+                self.errors.append(f"fresh batches not kept: {type(exc).__name__}: {exc}")
+            return
+        offset = 0
+        for (seq, _, _), n in zip(unread, counts, strict=True):
+            if n:
+                self._frames[seq] = frame.slice(offset, n)
+                self._spans += n
+                offset += n
+        while self._spans > self.max_spans and self._frames:
+            self._spans -= self._frames.pop(next(iter(self._frames))).height
 
     def get(self, seqs: Iterable[int]) -> dict[int, pl.DataFrame]:
         with self._lock:
+            self._read()
             return {seq: frame for seq in seqs if (frame := self._frames.get(seq)) is not None}
 
     def clear(self) -> None:
         with self._lock:
             self._frames.clear()
-            self._spans = 0
+            self._unread.clear()
+            self._spans = self._unread_spans = 0
 
 
 class SchemaError(RuntimeError):
@@ -409,7 +430,6 @@ class Store:
             upgrade_span_rows(self._writer_conn)  # schema 2 or 3: one row per span
         self._writer_conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._span_keys = _SpanKeys()
-        self._fresh = _FreshBatches(FRESH_SPANS)
         # The writer checkpoints the WAL itself: when ingest goes idle, else every
         # CHECKPOINT_SPANS spans (SQLite's automatic checkpoint would copy pages to the database
         # file, and fsync it, in the middle of a burst, on the writer's critical path).
@@ -422,6 +442,7 @@ class Store:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.errors: list[str] = []
+        self._fresh = _FreshBatches(FRESH_SPANS, self.errors)
 
     # connections ---------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -651,13 +672,7 @@ class Store:
                     )
                 conn.execute("COMMIT")
                 _acknowledge(batches)  # on disk now: the receiver answers while the rest goes on
-                if pending:
-                    try:
-                        self._fresh.add([int(q) for q in seqs], [r[3] for r in pending], [r[4] for r in pending])
-                    except Exception as exc:  # only a shortcut: runs are read from the blobs instead
-                        self._fresh.clear()
-                        if not any(e.startswith("fresh batches") for e in self.errors):
-                            self.errors.append(f"fresh batches not kept: {type(exc).__name__}: {exc}")
+                self._fresh.add([int(q) for q in seqs], [r[3] for r in pending], [r[4] for r in pending])
             except BaseException:
                 conn.execute("ROLLBACK")
                 self._lane_ids.clear()  # ids created by the rolled-back transaction

@@ -550,3 +550,26 @@ def test_deleted_run_leaves_no_fresh_table_behind(tmp_path: Path) -> None:
         assert rows is not None
         assert rows.spans["span_id"].to_list() == [f"{i:016x}" for i in range(100, 103)]
     st.close()
+
+
+def test_fresh_tables_failing_are_reported_once_and_the_blobs_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    st = Store(tmp_path / "s.db")
+    real = store_module.read_packed
+    calls = {"n": 0}
+
+    def failing(bodies: Any, rows: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] <= 2:  # the writer's tables, twice: the store's own read of the blobs comes after
+            raise MemoryError("no room")
+        return real(bodies, rows)
+
+    monkeypatch.setattr(store_module, "read_packed", failing)
+    monkeypatch.setattr(store_module, "FRESH_READ_SPANS", 1)
+    st.ingest_now(_batch([_span(i, 5000) for i in range(5)]))
+    st.ingest_now(_batch([_span(i, 5000) for i in range(5, 8)]))
+    rows = st.load_rows("r")
+    assert rows is not None and rows.spans.height == 8
+    assert [e for e in st.errors if "fresh" in e] == ["fresh batches not kept: MemoryError: no room"]
+    st.close()
