@@ -81,7 +81,9 @@ def set_breakdowns(model: RunModel) -> None:
     by_lane = {key[0]: part for key, part in rows.partition_by("lane", as_dict=True).items()}
     for lane_index, w_start, w_end in windows.iter_rows():
         part = by_lane.get(lane_index)
-        spans = [] if part is None else list(part.select("s", "e", "depth", "phase").iter_rows())
+        spans = (
+            [] if part is None else list(zip(*(part[c].to_list() for c in ("s", "e", "depth", "phase")), strict=True))
+        )
         lane = model.lanes[lane_index]
         lane.timeline = sweep(spans, w_start, w_end)
         lane.breakdown = totals(lane.timeline)

@@ -60,13 +60,12 @@ def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = Non
     if dead:
         status = (ended_status(why for _, why in dead.values()) or status) if status == "exited" else status
         frame = _end_open_spans(frame, {lane.id: why for lane, why in dead.values()})
-    t_first = frame.select(pl.col("start").min()).item()
-    t_last = int(frame.select(pl.coalesce("end", "start").max()).item() or 0) if frame.height else 0
+    t_first, t_last = frame.select(pl.col("start").min(), pl.coalesce("end", "start").max().fill_null(0)).row(0)
     t_eff = max(now, t_last) if status == "running" else t_last
-    frame = frame.with_columns(
-        pl.when(pl.col("in_progress")).then(pl.lit(t_eff, pl.Int64)).otherwise(pl.col("end")).alias("eff_end")
-    ).with_columns(pl.max_horizontal("eff_end", "start").alias("eff_end"))
-    frame = frame.with_columns((pl.col("eff_end") - pl.col("start")).alias("duration"))
+    open_end = pl.when("in_progress").then(pl.lit(t_eff, pl.Int64)).otherwise("end")
+    frame = frame.with_columns(pl.max_horizontal(open_end, "start").alias("eff_end")).with_columns(
+        (pl.col("eff_end") - pl.col("start")).alias("duration")
+    )
     t0 = _t0(frame, t_first)
     ordered, frame, side = _order_lanes(frame, lanes_by_id, t_first)
     model = RunModel(

@@ -333,10 +333,7 @@ class RunModel:
         return self._marks
 
     def select(
-        self,
-        phases: tuple[str, ...] = (),
-        names: tuple[str, ...] = (),
-        lane: Lane | int | None = None,
+        self, phases: tuple[str, ...] = (), names: tuple[str, ...] = (), lane: Lane | int | None = None
     ) -> list[SpanNode]:
         """The spans (as nodes) `matching` those phases or names: for the few spans of a kind a pass walks."""
         return self.nodes_at(self.matching(phases, names, lane)["idx"].to_numpy())
