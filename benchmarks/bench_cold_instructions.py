@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = ["load_rows", "run_from_rows", "build_model", "first_answer"]
 
 PROGRAM = r"""
-import gc, json, os, subprocess, sys, tempfile
+import json, os, subprocess, sys, tempfile
 sys.path.insert(0, sys.argv[1])
 sys.path.insert(1, sys.argv[2])
 from synth_runs import make_run, protobuf_batches
@@ -45,7 +45,6 @@ for body in protobuf_batches(run, 4096):
     st.ingest_now(parse_and_decode(body, "application/x-protobuf").batch)
 st.close()
 st = S.Store(path)  # the run read back from the file (as after a restart), not the writer's live reader
-gc.disable()  # as the service loads and builds (starttrace.run.gc_paused)
 pid = str(os.getpid())
 def control(*args):
     subprocess.run(["callgrind_control", *args, pid], check=True, capture_output=True)
@@ -67,7 +66,7 @@ def instructions(tree: Path, program: Path, ranks: int, per_rank: int) -> tuple[
     with tempfile.TemporaryDirectory() as tmp:
         out = subprocess.run(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={tmp}/cg.out",
-             sys.executable, str(program), str(tree), str(ROOT / "tests"), str(ranks), str(per_rank)],
+             sys.executable, str(program), str(tree), str(tree / "tests"), str(ranks), str(per_rank)],
             env={**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(tree)},
             capture_output=True, text=True, timeout=1800,
         )  # fmt: skip

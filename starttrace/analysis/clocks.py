@@ -37,7 +37,6 @@ import polars as pl
 
 from starttrace.run import Process, Run, Span, decode_attrs
 
-ATTR_DOMAIN = "starttrace.clock.domain"
 ATTR_OFFSET = "starttrace.clock.offset_ns"
 ATTR_ERROR = "starttrace.clock.error_ns"
 ATTR_METHOD = "starttrace.clock.method"

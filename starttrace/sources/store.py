@@ -440,7 +440,6 @@ class Store:
             if trace_id:
                 self._trace_runs.setdefault(trace_id, run_id)
         self._thread: threading.Thread | None = None
-        self._stopping = False
         self.errors: list[str] = []
         self._fresh = _FreshBatches(FRESH_SPANS, self.errors)
 
@@ -468,7 +467,6 @@ class Store:
     # lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
-            self._stopping = False
             self._thread = threading.Thread(target=self._run_writer, name="starttrace-store-writer", daemon=True)
             self._thread.start()
 
