@@ -58,7 +58,7 @@ control("-d", "build_model")
 json.dumps(first_payload(model), separators=(",", ":"), default=str)
 control("-d", "first_answer")
 control("-i", "off")
-print(model.spans.height)
+print(len(model.spans))
 """
 
 
