@@ -158,7 +158,7 @@ def import_tree(model: RunModel) -> ImportTree:
 
 def tree_rows(model: RunModel, lanes: list[Lane], until: dict[int, int | None] | None = None) -> pl.DataFrame:
     """The imports in the trees of the top imports of `lanes` (completed; started before the lane's
-    `until` where given), the tops themselves included, with `top`."""
+    `until` where given), the tops themselves included: idx, lane, module, duration, error, `top`."""
     tree, until, parts = import_tree(model), until or {}, [np.zeros(0, dtype=np.int64)]
     for lane in (model.lanes[i] for i in sorted({ln.index for ln in lanes})):  # each lane: a slice of the table
         rows = slice(lane.offset, lane.offset + lane.count)
@@ -167,7 +167,7 @@ def tree_rows(model: RunModel, lanes: list[Lane], until: dict[int, int | None] |
             keep &= tree.top_start[rows] < limit
         parts.append(np.flatnonzero(keep) + lane.offset)
     chosen = np.concatenate(parts)
-    columns = ("idx", "lane", "phase", "module", "start", "duration", "in_progress", "error")
+    columns = ("idx", "lane", "module", "duration", "error")
     return model.core.select(columns)[chosen].with_columns(pl.Series("top", tree.top[chosen]))
 
 
