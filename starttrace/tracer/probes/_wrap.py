@@ -26,7 +26,7 @@ def after_fork_in_child() -> None:
     _open_names.clear()
     try:
         if _attached or _missing:
-            _publish_probe_list()
+            publish_probe_list()
     except Exception:
         pass
 
@@ -41,7 +41,7 @@ def note_missing(label: str) -> None:
         _missing.append(label)
 
 
-def _publish_probe_list() -> None:
+def publish_probe_list() -> None:
     attrs: Attrs = {}
     if _attached:
         attrs["starttrace.probes"] = sorted(_attached)
@@ -49,9 +49,6 @@ def _publish_probe_list() -> None:
         attrs["starttrace.probes_missing"] = sorted(_missing)
     if attrs:
         recorder.set_process_attrs(attrs)
-
-
-publish_probe_list = _publish_probe_list
 
 
 def set_role_and_attrs(attrs: "Attrs") -> None:
@@ -125,8 +122,6 @@ def traced(
     thread (a subclass calling super()) records no second span; `key` (default: the name) is what
     counts as the same (vLLM's own marks use the function, since two functions share a name).
     """
-    # Long by design: a wrapper factory: the sync and async wrappers are closures over the same locals, defined
-    # together.
     base: Attrs = {"starttrace.phase": phase}
     idle = phase == "idle"
     if attrs:
@@ -216,6 +211,25 @@ def _end_failed(span_id: str, exc: BaseException, idle: bool) -> None:
         _end_quietly(span_id, None, message)
 
 
+def raw_attr(owner: "Any", attr: str) -> "Any":
+    """`owner.attr` as stored (a class's own or inherited staticmethod/classmethod object), or None."""
+    if isinstance(owner, type):
+        for klass in owner.__mro__:
+            if attr in klass.__dict__:
+                return klass.__dict__[attr]
+        return None
+    return getattr(owner, attr, None)
+
+
+def replace(owner: "Any", attr: str, raw: "Any", make_wrapper: "Callable[[Callable[..., Any]], Any]") -> None:
+    """Set `owner.attr` to `make_wrapper(function)`, kept a staticmethod or classmethod as `raw` was."""
+    if isinstance(raw, (staticmethod, classmethod)):
+        kind = staticmethod if isinstance(raw, staticmethod) else classmethod
+        setattr(owner, attr, kind(make_wrapper(raw.__func__)))
+    else:
+        setattr(owner, attr, make_wrapper(raw))
+
+
 def patch(owner: "Any", attr: str, make_wrapper: "Callable[[Callable[..., Any]], Callable[..., Any]]") -> bool:
     """Replace `owner.attr` (function, method, staticmethod or classmethod) with a wrapper.
 
@@ -223,31 +237,11 @@ def patch(owner: "Any", attr: str, make_wrapper: "Callable[[Callable[..., Any]],
     is already wrapped by starttrace. Inherited methods are wrapped on `owner` itself.
     """
     try:
-        raw = None
-        if isinstance(owner, type):
-            for klass in owner.__mro__:
-                if attr in klass.__dict__:
-                    raw = klass.__dict__[attr]
-                    break
-        else:
-            raw = getattr(owner, attr, None)
-        if raw is None:
+        raw = raw_attr(owner, attr)
+        function = raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else raw
+        if raw is None or not callable(function) or getattr(function, "__starttrace__", False):
             return False
-        if isinstance(raw, staticmethod):
-            function = raw.__func__
-            if getattr(function, "__starttrace__", False):
-                return False
-            setattr(owner, attr, staticmethod(make_wrapper(function)))
-            return True
-        if isinstance(raw, classmethod):
-            function = raw.__func__
-            if getattr(function, "__starttrace__", False):
-                return False
-            setattr(owner, attr, classmethod(make_wrapper(function)))
-            return True
-        if not callable(raw) or getattr(raw, "__starttrace__", False):
-            return False
-        setattr(owner, attr, make_wrapper(raw))
+        replace(owner, attr, raw, make_wrapper)
         return True
     except Exception as exc:
         recorder.report(f"cannot wrap {attr}: {type(exc).__name__}: {exc}", key=f"patch:{attr}")

@@ -1,9 +1,7 @@
-"""vLLM probe: process roles and ranks, and vLLM's startup phases as spans.
+"""vLLM probe: process roles and ranks, and vLLM's startup phases as spans (docs/probes.md).
 
-Everything is wrapped by name after vLLM imported the module that defines it, with getattr
-checks: what the installed vLLM lacks is skipped and listed in the process attribute
-`starttrace.probes_missing`; what attached is listed in `starttrace.probes`. This module imports
-the standard library only. Checked against vLLM 0.32 (see docs/probes.md for the table).
+Everything is wrapped by name after vLLM imported the module that defines it; what the installed
+vLLM lacks is skipped and listed in `starttrace.probes_missing`. Standard library only.
 
 Roles (process attribute `starttrace.role`):
 - `api_server`: the process runs vLLM's API server entry (command line), or calls
@@ -19,13 +17,16 @@ import sys
 from _thread import get_ident
 
 from starttrace.tracer import lifecycle, recorder
-from starttrace.tracer.probes import _wrap as wrap
 from starttrace.tracer.probes._wrap import (
+    _CO_COROUTINE,
     _mark,
+    _open_names,
     note_attached,
     note_missing,
     patch,
     publish_probe_list,
+    raw_attr,
+    replace,
     set_role_and_attrs,
     traced,
 )
@@ -91,8 +92,7 @@ def _arg(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", index: int, name: st
 
 def _world_size(vllm_config: "Any") -> int | None:
     try:
-        value = vllm_config.parallel_config.world_size
-        return int(value)
+        return int(vllm_config.parallel_config.world_size)
     except Exception:
         return None
 
@@ -219,10 +219,8 @@ def _config_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "An
 # --------------------------------------------------------------------------------------------
 # wrapping
 
-# Table rows: (attribute path in the module, span name or None for identity only, phase,
-# before, after). A row with no span name only runs `before` (process identity) on each call:
-# used for the targets that run for the process's whole life (a span there would cover the
-# process and hide its gaps).
+# Table rows: (attribute path in the module, span name, phase, before, after). A row with no span
+# name only runs its callbacks: targets that run for the process's whole life (a span would hide its gaps).
 Row = tuple  # (str, str | None, str, Before | None, After | None)
 
 
@@ -232,33 +230,26 @@ def _identity_only(
     """A wrapper that only runs the row's callbacks, no span: for process targets (a span there
     would cover the process) and for functions vLLM marks itself (its mark is the span)."""
 
-    def _before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> None:
-        if before is not None and recorder._writer is not None:
+    def _call(callback: "Any", what: str, key: str, *args: "Any") -> None:
+        if callback is not None and recorder._writer is not None:
             try:
-                before(args, kwargs)
+                callback(*args)
             except Exception as exc:
-                recorder.report(f"vllm probe identity failed: {type(exc).__name__}: {exc}", key="vllm:identity")
-
-    def _after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> None:
-        if after is not None and recorder._writer is not None:
-            try:
-                after(args, kwargs, result)
-            except Exception as exc:
-                recorder.report(f"vllm probe hook failed: {type(exc).__name__}: {exc}", key="vllm:after")
+                recorder.report(f"vllm probe {what} failed: {type(exc).__name__}: {exc}", key=f"vllm:{key}")
 
     def wrapper(*args: "Any", **kwargs: "Any") -> "Any":
-        _before(args, kwargs)
+        _call(before, "identity", "identity", args, kwargs)
         result = original(*args, **kwargs)
-        _after(args, kwargs, result)
+        _call(after, "hook", "after", args, kwargs, result)
         return result
 
     code = getattr(original, "__code__", None)
-    if code is not None and code.co_flags & 0x80:  # a coroutine function
+    if code is not None and code.co_flags & _CO_COROUTINE:
 
         async def async_wrapper(*args: "Any", **kwargs: "Any") -> "Any":
-            _before(args, kwargs)
+            _call(before, "identity", "identity", args, kwargs)
             result = await original(*args, **kwargs)
-            _after(args, kwargs, result)
+            _call(after, "hook", "after", args, kwargs, result)
             return result
 
         marked = _mark(async_wrapper, original)
@@ -280,19 +271,7 @@ def _wrap(
         if owner is None:
             note_missing(label)
             return
-    if not hasattr(owner, attr):
-        note_missing(label)
-        return
     wrap_attr(owner, attr, label, name, phase, before, after)
-
-
-def _raw_attr(owner: "Any", attr: str) -> "Any":
-    if isinstance(owner, type):
-        for klass in owner.__mro__:
-            if attr in klass.__dict__:
-                return klass.__dict__[attr]
-        return None
-    return getattr(owner, attr, None)
 
 
 def vllm_mark_of(function: "Any") -> "str | None":
@@ -314,7 +293,7 @@ def wrap_attr(
     """Wrap `owner.attr` with span `name` (None: callbacks only). A function vLLM marks itself
     (`vllm.tracing.instrument`, replaced by this probe) already records vLLM's span: our own span
     is dropped there and only the row's callbacks run (each phase once)."""
-    raw = _raw_attr(owner, attr)
+    raw = raw_attr(owner, attr)
     if raw is None:
         note_missing(label)
         return False
@@ -323,18 +302,10 @@ def wrap_attr(
         extra = getattr(function, "__starttrace_mark_extra__", None)
         if name is not None and isinstance(extra, dict) and "starttrace.vllm.replaces" not in extra:
             extra["starttrace.vllm.replaces"] = name  # vLLM's span stands for this row's span
-        if before is None and after is None:
-            return False  # vLLM's span is the span
-        if getattr(function, "__starttrace_hooks__", False):
-            return False
+        if (before is None and after is None) or getattr(function, "__starttrace_hooks__", False):
+            return False  # vLLM's span is the span, or its callbacks run already
         try:
-            wrapper = _identity_only(function, before, after)
-            if isinstance(raw, staticmethod):
-                setattr(owner, attr, staticmethod(wrapper))
-            elif isinstance(raw, classmethod):
-                setattr(owner, attr, classmethod(wrapper))
-            else:
-                setattr(owner, attr, wrapper)
+            replace(owner, attr, raw, lambda fn: _identity_only(fn, before, after))
         except Exception as exc:
             recorder.report(f"cannot wrap {attr}: {type(exc).__name__}: {exc}", key=f"patch:{attr}")
             return False
@@ -343,8 +314,8 @@ def wrap_attr(
     if name is None:
         attached = patch(owner, attr, lambda fn: _identity_only(fn, before, after))
     else:
-        span_name = name
-        attached = patch(owner, attr, lambda fn: traced(fn, span_name, phase, {"code.function": label}, before, after))
+        attrs = {"code.function": label}
+        attached = patch(owner, attr, lambda fn: traced(fn, name, phase, attrs, before, after))
     if attached:
         note_attached(label)
     return attached
@@ -370,11 +341,7 @@ def _init_worker_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result
         return None
     klass = type(worker)
     for method, name, phase, after in WORKER_METHODS:
-        label = f"{klass.__module__}.{klass.__qualname__}.{method}"
-        if not hasattr(klass, method):
-            note_missing(label)
-            continue
-        wrap_attr(klass, method, label, name, phase, None, after)
+        wrap_attr(klass, method, f"{klass.__module__}.{klass.__qualname__}.{method}", name, phase, None, after)
     runner = getattr(worker, "model_runner", None)
     if runner is not None:
         _patch_model_runner(runner)
@@ -404,13 +371,8 @@ def _patch_model_runner(runner: "Any") -> None:
 
 # --------------------------------------------------------------------------------------------
 # vLLM's own instrumentation points (`vllm.tracing.instrument` / `instrument_manual`)
-#
-# vLLM marks its startup phases with `@instrument(span_name=...)`, applied when the defining module
-# is imported, and emits them only with --otlp-traces-endpoint. This probe replaces
-# `vllm.tracing.instrument` right after `vllm.tracing` is imported (its importers bind the name
-# afterwards: `from vllm.tracing import instrument`), so every function vLLM marks becomes a
-# journal span named as vLLM names it, around vLLM's own (OTel or bare) function. Our own table
-# rows for a marked function drop their span (`wrap_attr`): each phase is recorded once.
+# replaced right after `vllm.tracing` is imported, before its importers bind it: every function vLLM
+# marks becomes a journal span named as vLLM names it; our table rows for it drop their own span.
 
 # vLLM's span name -> starttrace.phase (checked against every point in vLLM 0.32)
 VLLM_MARK_PHASES: "dict[str, str]" = {
@@ -627,18 +589,13 @@ def _record_manual(span_name: str, start_time: "Any", end_time: "Any", attribute
 
 
 def _patch_tracing(tracing: "Any") -> None:
-    original = getattr(tracing, "instrument", None)
-    if callable(original) and not getattr(original, "__starttrace__", False):
-        tracing.instrument = _instrument_wrapper(original)
-        note_attached("vllm.tracing.instrument")
-    elif original is None:
-        note_missing("vllm.tracing.instrument")
-    manual = getattr(tracing, "instrument_manual", None)
-    if callable(manual) and not getattr(manual, "__starttrace__", False):
-        tracing.instrument_manual = _instrument_manual_wrapper(manual)
-        note_attached("vllm.tracing.instrument_manual")
-    elif manual is None:
-        note_missing("vllm.tracing.instrument_manual")
+    for attr, make_wrapper in (("instrument", _instrument_wrapper), ("instrument_manual", _instrument_manual_wrapper)):
+        original = getattr(tracing, attr, None)
+        if callable(original) and not getattr(original, "__starttrace__", False):
+            setattr(tracing, attr, make_wrapper(original))
+            note_attached(f"vllm.tracing.{attr}")
+        elif original is None:
+            note_missing(f"vllm.tracing.{attr}")
     publish_probe_list()
 
 
@@ -658,15 +615,10 @@ def _vllm_backend_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", resul
 
 
 def _aot_load_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
-    """vllm/compilation/decorators.py `_try_load_aot_compiled_fn(model, aot_compilation_path)`: with
-    AOT compile (vLLM's default on torch >= 2.10) a warm start loads the whole compiled model from
-    VLLM_CACHE_ROOT without Dynamo, so no torch compile event (and no compile-probe span) exists for
-    it, or only the Inductor kernel loads (`AOTAutogradCache.inductor_load`, which the compile probe
-    records as a `compile.graph` hit). The load is a span written when it returns (only then is
-    the verdict known): `compile.graph` with cache `hit` when the compile probe recorded no graph
-    during it, else `compile.aot_load` (the graph is there already); a failed load of an existing file
-    is `compile.aot_load` with cache `miss` (the compile that follows has its own spans); no file
-    (a cold start) records nothing."""
+    """`_try_load_aot_compiled_fn(model, aot_compilation_path)`: a warm AOT start loads the compiled
+    model without Dynamo, so torch reports no compile event for it. Recorded when it returns:
+    `compile.graph` (cache `hit`) when the compile probe saw no graph during it, else
+    `compile.aot_load` (`miss` when an existing file failed to load); no file records nothing."""
     import os
     from time import monotonic_ns
 
@@ -715,58 +667,37 @@ def _patch_decorators(module: "Any") -> None:
 
 
 def _in_warmup() -> bool:
-    running = wrap._open_names.get(get_ident())
+    running = _open_names.get(get_ident())
     return bool(running) and any(key in running for key in _marks.warmup_keys)
 
 
-def _cuda_module() -> "Any":
-    """torch.cuda when this process initialised CUDA (never imports torch, never initialises it)."""
+def _cuda_int(read: "Callable[[Any], Any]") -> "int | None":
+    """`int(read(torch.cuda))` when this process initialised CUDA, else None (never imports torch,
+    never initialises CUDA)."""
     cuda = sys.modules.get("torch.cuda")
     try:
-        if cuda is not None and cuda.is_initialized():
-            return cuda
+        return int(read(cuda)) if cuda is not None and cuda.is_initialized() else None
     except Exception:
-        pass
-    return None
+        return None
 
 
 def _profile_run_before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs | None":
-    # The CPU runner's warming_up_model ("Warmup (CPU)") runs profile_run for the compile: a
-    # warmup then, not the memory profile.
-    attrs: Attrs = {}
-    if _in_warmup():
-        attrs["starttrace.phase"] = "warmup"
-        attrs["vllm.profile_run.purpose"] = "warmup"
-    return attrs or None
+    # inside the CPU runner's warming_up_model ("Warmup (CPU)") profile_run is a warmup, not the memory profile
+    return {"starttrace.phase": "warmup", "vllm.profile_run.purpose": "warmup"} if _in_warmup() else None
 
 
 def _profile_run_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
     # the peak since the last reset: vLLM's memory_profiling context resets the peak statistics
     # before the profile run (never reset here: vLLM reads them to size the KV cache)
-    cuda = _cuda_module()
-    if cuda is None:
-        return None
-    try:
-        return {"vllm.kv_cache.profile_peak_bytes": int(cuda.max_memory_allocated())}
-    except Exception:
-        return None
+    peak = _cuda_int(lambda cuda: cuda.max_memory_allocated())
+    return None if peak is None else {"vllm.kv_cache.profile_peak_bytes": peak}
 
 
 def _free_device_bytes() -> "int | None":
-    cuda = _cuda_module()
-    if cuda is None:
-        return None
-    try:
-        return int(cuda.mem_get_info()[0])
-    except Exception:
-        return None
+    return _cuda_int(lambda cuda: cuda.mem_get_info()[0])
 
 
-class _Capture:
-    free_before: "dict[int, int | None]" = {}  # per thread: free device memory when the capture began
-
-
-_capture = _Capture()
+_free_before: "dict[int, int | None]" = {}  # per thread: free device memory when the capture began
 
 
 def _capture_before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs | None":
@@ -785,18 +716,14 @@ def _capture_before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "Attrs
     mode_name = getattr(mode, "name", None)
     if isinstance(mode_name, str):
         attrs["starttrace.cuda_graphs.mode"] = mode_name
-    _capture.free_before[get_ident()] = _free_device_bytes()
+    _free_before[get_ident()] = _free_device_bytes()
     return attrs
 
 
 def _capture_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
-    before = _capture.free_before.pop(get_ident(), None)
-    if before is None:
-        return None
-    after = _free_device_bytes()
-    if after is None:
-        return None
-    return {"starttrace.cuda_graphs.memory_bytes": before - after}
+    before = _free_before.pop(get_ident(), None)
+    after = None if before is None else _free_device_bytes()
+    return None if before is None or after is None else {"starttrace.cuda_graphs.memory_bytes": before - after}
 
 
 # --------------------------------------------------------------------------------------------
@@ -842,68 +769,69 @@ def _p2p_check_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: 
     return {"vllm.dist.p2p": result} if isinstance(result, bool) else None
 
 
-# Per defining module. vLLM modules import these by name (`from .parallel_state import *`,
+# Rows per defining module. vLLM modules import these by name (`from .parallel_state import *`,
 # `from ..launcher import serve_http`): the hook runs right after the defining module finished
 # importing, before the importer binds the name, so the importer gets the wrapper.
-_ARG_UTILS: "tuple[Row, ...]" = (
-    ("EngineArgs.create_engine_config", "vllm.create_engine_config", "config", None, _config_after),
-)
-_LAUNCHER: "tuple[Row, ...]" = (
-    ("setup_server", "vllm.api_server.setup", "api_server", _role("api_server"), None),
-    ("serve_http", None, "api_server", _role("api_server"), None),
-)
-_APP: "tuple[Row, ...]" = (("build_app", "vllm.api_server.build_app", "api_server", None, None),)
-_APP_STATE: "tuple[Row, ...]" = (("init_app_state", "vllm.api_server.init_app_state", "api_server", None, None),)
-_ASYNC_LLM: "tuple[Row, ...]" = (("AsyncLLM.__init__", "vllm.async_llm.init", "engine_init", None, None),)
-_LLM_ENGINE: "tuple[Row, ...]" = (("LLMEngine.__init__", "vllm.llm_engine.init", "engine_init", None, None),)
-_ENGINE_UTILS: "tuple[Row, ...]" = (
-    ("wait_for_engine_startup", "vllm.wait_for_engine_core", "engine_init", None, None),
-)
-_ENGINE_CORE: "tuple[Row, ...]" = (
-    ("EngineCoreProc.run_engine_core", None, "engine_init", _engine_core_before, None),
-    ("EngineCoreProc.__init__", "vllm.engine_core.init", "engine_init", _role("engine_core"), None),
-    ("EngineCore._initialize_kv_caches", "vllm.engine_core.init_kv_caches", "kv_cache", None, None),
-    ("EngineCoreProc.run_busy_loop", "vllm.engine_core.busy_loop", "idle", None, None),
-)
-_EXECUTOR: "tuple[Row, ...]" = (("Executor.__init__", "vllm.executor.init", "executor_init", None, None),)
-_MULTIPROC_EXECUTOR: "tuple[Row, ...]" = (
-    ("WorkerProc.worker_main", None, "worker_init", _worker_main_before, None),
-    ("WorkerProc.__init__", "vllm.worker.init", "worker_init", _worker_init_before, None),
-    ("WorkerProc.wait_for_ready", "vllm.executor.wait_for_workers", "executor_init", None, None),
-    ("WorkerProc.worker_busy_loop", "vllm.worker.busy_loop", "idle", None, None),
-)
-_WORKER_BASE: "tuple[Row, ...]" = (
-    ("WorkerWrapperBase.init_worker", "vllm.worker.init_worker", "worker_init", None, _init_worker_after),
-)
-_PARALLEL_STATE: "tuple[Row, ...]" = (
-    ("init_distributed_environment", "vllm.init_distributed_environment", "dist_init", _dist_env_before, None),
-    ("initialize_model_parallel", "vllm.initialize_model_parallel", "dist_init", _model_parallel_before, None),
-    ("GroupCoordinator.__init__", "vllm.dist.group.init", "dist_init", _group_before, None),
-)
-_WEIGHT_UTILS: "tuple[Row, ...]" = (
+_COMMUNICATORS = "vllm.distributed.device_communicators"
+_TABLES: "dict[str, tuple[Row, ...]]" = {
+    "vllm.engine.arg_utils": (
+        ("EngineArgs.create_engine_config", "vllm.create_engine_config", "config", None, _config_after),
+    ),
+    "vllm.entrypoints.launchers.launcher": (
+        ("setup_server", "vllm.api_server.setup", "api_server", _role("api_server"), None),
+        ("serve_http", None, "api_server", _role("api_server"), None),
+    ),
+    "vllm.entrypoints.launchers.app": (("build_app", "vllm.api_server.build_app", "api_server", None, None),),
+    "vllm.entrypoints.launchers.api_server.app_state": (
+        ("init_app_state", "vllm.api_server.init_app_state", "api_server", None, None),
+    ),
+    "vllm.v1.engine.async_llm": (("AsyncLLM.__init__", "vllm.async_llm.init", "engine_init", None, None),),
+    "vllm.v1.engine.llm_engine": (("LLMEngine.__init__", "vllm.llm_engine.init", "engine_init", None, None),),
+    "vllm.v1.engine.utils": (("wait_for_engine_startup", "vllm.wait_for_engine_core", "engine_init", None, None),),
+    "vllm.v1.engine.core": (
+        ("EngineCoreProc.run_engine_core", None, "engine_init", _engine_core_before, None),
+        ("EngineCoreProc.__init__", "vllm.engine_core.init", "engine_init", _role("engine_core"), None),
+        ("EngineCore._initialize_kv_caches", "vllm.engine_core.init_kv_caches", "kv_cache", None, None),
+        ("EngineCoreProc.run_busy_loop", "vllm.engine_core.busy_loop", "idle", None, None),
+    ),
+    "vllm.v1.executor.abstract": (("Executor.__init__", "vllm.executor.init", "executor_init", None, None),),
+    "vllm.v1.executor.multiproc_executor": (
+        ("WorkerProc.worker_main", None, "worker_init", _worker_main_before, None),
+        ("WorkerProc.__init__", "vllm.worker.init", "worker_init", _worker_init_before, None),
+        ("WorkerProc.wait_for_ready", "vllm.executor.wait_for_workers", "executor_init", None, None),
+        ("WorkerProc.worker_busy_loop", "vllm.worker.busy_loop", "idle", None, None),
+    ),
+    "vllm.v1.worker.worker_base": (
+        ("WorkerWrapperBase.init_worker", "vllm.worker.init_worker", "worker_init", None, _init_worker_after),
+    ),
+    "vllm.distributed.parallel_state": (
+        ("init_distributed_environment", "vllm.init_distributed_environment", "dist_init", _dist_env_before, None),
+        ("initialize_model_parallel", "vllm.initialize_model_parallel", "dist_init", _model_parallel_before, None),
+        ("GroupCoordinator.__init__", "vllm.dist.group.init", "dist_init", _group_before, None),
+    ),
     # reads every shard once to warm the page cache (network filesystems, or
     # --safetensors-load-strategy=prefetch); the weights.load spans of the files come after it
-    ("_prefetch_all_checkpoints", "vllm.weights.prefetch", "model_load", None, None),
-)
-_PYNCCL: "tuple[Row, ...]" = (
-    ("PyNcclCommunicator.__init__", "vllm.dist.pynccl.init", "dist_init", None, _communicator_after),
-)
-_CUSTOM_ALL_REDUCE: "tuple[Row, ...]" = (
-    ("CustomAllreduce.__init__", "vllm.dist.custom_all_reduce.init", "dist_init", None, _communicator_after),
-    ("_can_p2p", "vllm.dist.p2p_check", "dist_init", None, _p2p_check_after),
-)
-_ALL_REDUCE_UTILS: "tuple[Row, ...]" = (
-    ("gpu_p2p_access_check", "vllm.dist.gpu_p2p_access_check", "dist_init", None, _p2p_check_after),
-)
-_CUDA_COMMUNICATOR: "tuple[Row, ...]" = (
-    ("CudaCommunicator.__init__", "vllm.dist.device_communicator.init", "dist_init", None, _communicator_after),
-)
-_CPU_COMMUNICATOR: "tuple[Row, ...]" = (
-    ("CpuCommunicator.__init__", "vllm.dist.device_communicator.init", "dist_init", None, _communicator_after),
-)
-_COMPILATION_BACKENDS: "tuple[Row, ...]" = (
-    ("VllmBackend.__call__", "vllm.compile", "compile", None, _vllm_backend_after),
-)
+    "vllm.model_executor.model_loader.weight_utils": (
+        ("_prefetch_all_checkpoints", "vllm.weights.prefetch", "model_load", None, None),
+    ),
+    f"{_COMMUNICATORS}.pynccl": (
+        ("PyNcclCommunicator.__init__", "vllm.dist.pynccl.init", "dist_init", None, _communicator_after),
+    ),
+    f"{_COMMUNICATORS}.custom_all_reduce": (
+        ("CustomAllreduce.__init__", "vllm.dist.custom_all_reduce.init", "dist_init", None, _communicator_after),
+        ("_can_p2p", "vllm.dist.p2p_check", "dist_init", None, _p2p_check_after),
+    ),
+    f"{_COMMUNICATORS}.all_reduce_utils": (
+        ("gpu_p2p_access_check", "vllm.dist.gpu_p2p_access_check", "dist_init", None, _p2p_check_after),
+    ),
+    f"{_COMMUNICATORS}.cuda_communicator": (
+        ("CudaCommunicator.__init__", "vllm.dist.device_communicator.init", "dist_init", None, _communicator_after),
+    ),
+    f"{_COMMUNICATORS}.cpu_communicator": (
+        ("CpuCommunicator.__init__", "vllm.dist.device_communicator.init", "dist_init", None, _communicator_after),
+    ),
+    "vllm.compilation.backends": (("VllmBackend.__call__", "vllm.compile", "compile", None, _vllm_backend_after),),
+}
 
 # Methods of the worker class vLLM resolves at run time (CPUWorker, Worker, XPUWorker, plugin
 # workers): wrapped on that class after WorkerWrapperBase.init_worker built the worker.
@@ -924,27 +852,8 @@ MODEL_RUNNER_METHODS: "tuple[tuple[str, str, str, Before | None, After | None], 
     ("_warmup_and_capture", "cuda_graphs.capture", "cuda_graphs", _capture_before, _capture_after),
 )
 
-_COMMUNICATORS = "vllm.distributed.device_communicators"
 _HOOKS: "tuple[tuple[str, Callable[[Any], None]], ...]" = (
     ("vllm.tracing", _patch_tracing),
-    ("vllm.engine.arg_utils", _hook(_ARG_UTILS)),
-    ("vllm.entrypoints.launchers.launcher", _hook(_LAUNCHER)),
-    ("vllm.entrypoints.launchers.app", _hook(_APP)),
-    ("vllm.entrypoints.launchers.api_server.app_state", _hook(_APP_STATE)),
-    ("vllm.v1.engine.async_llm", _hook(_ASYNC_LLM)),
-    ("vllm.v1.engine.llm_engine", _hook(_LLM_ENGINE)),
-    ("vllm.v1.engine.utils", _hook(_ENGINE_UTILS)),
-    ("vllm.v1.engine.core", _hook(_ENGINE_CORE)),
-    ("vllm.v1.executor.abstract", _hook(_EXECUTOR)),
-    ("vllm.v1.executor.multiproc_executor", _hook(_MULTIPROC_EXECUTOR)),
-    ("vllm.v1.worker.worker_base", _hook(_WORKER_BASE)),
-    ("vllm.distributed.parallel_state", _hook(_PARALLEL_STATE)),
-    ("vllm.model_executor.model_loader.weight_utils", _hook(_WEIGHT_UTILS)),
-    (f"{_COMMUNICATORS}.pynccl", _hook(_PYNCCL)),
-    (f"{_COMMUNICATORS}.custom_all_reduce", _hook(_CUSTOM_ALL_REDUCE)),
-    (f"{_COMMUNICATORS}.all_reduce_utils", _hook(_ALL_REDUCE_UTILS)),
-    (f"{_COMMUNICATORS}.cuda_communicator", _hook(_CUDA_COMMUNICATOR)),
-    (f"{_COMMUNICATORS}.cpu_communicator", _hook(_CPU_COMMUNICATOR)),
-    ("vllm.compilation.backends", _hook(_COMPILATION_BACKENDS)),
+    *((module, _hook(rows)) for module, rows in _TABLES.items()),
     ("vllm.compilation.decorators", _patch_decorators),
 )
