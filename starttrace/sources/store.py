@@ -187,22 +187,24 @@ class _FreshBatches:
     """The newest stored batches as columns (seq -> table), so that a run read right after its
     ingest reads no blob back (the first answer after a bulk ingest). The writer hands each
     committed batch over as it stored it; their streams are read in one call per FRESH_READ_SPANS
-    spans, or by the first reader that wants them. The oldest go first past `max_spans`; a delete
-    empties it (SQLite may give a deleted batch's seq to a new one)."""
+    spans, or by the first reader that wants them. The oldest go first past `max_spans`. SQLite may
+    give a deleted batch's seq to a new one: a delete empties it, and a table is taken only for a
+    batch row of its trace and row count (another process may write the file too)."""
 
     def __init__(self, max_spans: int, errors: list[str]) -> None:
         self.max_spans = max_spans
         self.errors = errors  # the store's: a failure is reported once, and the blobs read instead
-        self._frames: dict[int, pl.DataFrame] = {}
+        self._frames: dict[int, tuple[int, pl.DataFrame]] = {}  # seq -> (trace, its spans)
         self._spans = 0
-        self._unread: list[tuple[int, bytes, int]] = []  # (seq, body, rows), not read yet
+        self._unread: list[tuple[int, int, bytes, int]] = []  # (seq, trace, body, rows), not read yet
         self._unread_spans = 0
         self._lock = threading.Lock()
 
-    def add(self, seqs: list[int], bodies: list[bytes], rows: list[int]) -> None:
+    def add(self, seqs: list[int], batches: list[tuple[int, int, int, bytes, int]]) -> None:
+        """Batch rows (lane, trace, new spans, body, rows) the writer committed, with their seqs."""
         with self._lock:
-            self._unread.extend(zip(seqs, bodies, rows, strict=True))
-            self._unread_spans += sum(rows)
+            self._unread.extend((seq, b[1], b[3], b[4]) for seq, b in zip(seqs, batches, strict=True))
+            self._unread_spans += sum(b[4] for b in batches)
             if self._unread_spans >= FRESH_READ_SPANS:
                 self._read()
 
@@ -211,24 +213,29 @@ class _FreshBatches:
         if not unread or not self.max_spans:
             return
         try:
-            frame, counts = read_packed([u[1] for u in unread], [u[2] for u in unread])
+            frame, counts = read_packed([u[2] for u in unread], [u[3] for u in unread])
         except Exception as exc:  # only a shortcut: these are read from their blobs
             if not any(e.startswith("fresh batches") for e in self.errors):
                 self.errors.append(f"fresh batches not kept: {type(exc).__name__}: {exc}")
             return
         offset = 0
-        for (seq, _, _), n in zip(unread, counts, strict=True):
+        for (seq, trace, _, _), n in zip(unread, counts, strict=True):
             if n:
-                self._frames[seq] = frame.slice(offset, n)
+                self._frames[seq] = (trace, frame.slice(offset, n))
                 self._spans += n
                 offset += n
         while self._spans > self.max_spans and self._frames:
-            self._spans -= self._frames.pop(next(iter(self._frames))).height
+            self._spans -= self._frames.pop(next(iter(self._frames)))[1].height
 
-    def get(self, seqs: Iterable[int]) -> dict[int, pl.DataFrame]:
+    def get(self, batches: Iterable[tuple[Any, ...]]) -> dict[int, pl.DataFrame]:
+        """The tables of batch rows (seq, lane, trace, new spans, rows) it holds, by seq."""
         with self._lock:
             self._read()
-            return {seq: frame for seq in seqs if (frame := self._frames.get(seq)) is not None}
+            return {
+                b[0]: got[1]
+                for b in batches
+                if (got := self._frames.get(b[0])) is not None and got[0] == b[2] and got[1].height == b[4]
+            }
 
     def clear(self) -> None:
         with self._lock:
@@ -670,7 +677,7 @@ class Store:
                     )
                 conn.execute("COMMIT")
                 _acknowledge(batches)  # on disk now: the receiver answers while the rest goes on
-                self._fresh.add([int(q) for q in seqs], [r[3] for r in pending], [r[4] for r in pending])
+                self._fresh.add([int(q) for q in seqs], pending)
             except BaseException:
                 conn.execute("ROLLBACK")
                 self._lane_ids.clear()  # ids created by the rolled-back transaction
@@ -966,7 +973,7 @@ class Store:
             problems = [str(r[0]) for r in conn.execute("SELECT message FROM problems WHERE run_id = ?", (run_id,))]
             lane_names = dict(conn.execute(_RUN_LANE_IDS, (run_id,)).fetchall())
             batches = conn.execute(_RUN_BATCHES, (run_id,)).fetchall()
-            tables: dict[int, pl.DataFrame | bytes] = dict(self._fresh.get(b[0] for b in batches))
+            tables: dict[int, pl.DataFrame | bytes] = dict(self._fresh.get(batches))
             missing = [b[0] for b in batches if b[0] not in tables]
             if missing:
                 for seq, body in conn.execute(_RUN_BODIES, (max(missing), run_id)):
