@@ -1,23 +1,7 @@
-"""torch probe: `cuda.init`, `cuda.set_device` and `dist.init` spans, ranks from torch.distributed.
-
-Wraps (only after the traced program imported torch; this module imports the standard library
-only, and nothing at all until a hook fires):
-
-- `torch.cuda._lazy_init`, the funnel of every lazy CUDA initialisation: `torch.cuda.init()`,
-  `current_device()`, the first CUDA tensor, and the C++ side (`torch::utils::device_lazy_init`
-  looks `_lazy_init` up on the `torch.cuda` module, so `set_device`, `torch.accelerator` calls
-  and `.cuda()` land here too). Span `cuda.init` (phase `cuda_init`), with the code location that
-  triggered it (`starttrace.cuda.trigger`) and, on success, the device count. On a CPU-only torch
-  the span carries the error ("Torch not compiled with CUDA enabled"). The import chain or call
-  that triggered it is the span's parent chain (the recorder nests spans per thread).
-- `torch.cuda.set_device` and `torch.accelerator.set_device_index`: span `cuda.set_device`.
-- `torch.distributed.init_process_group`: span `dist.init` (phase `dist_init`) with backend,
-  init method, rank and world size. The process learns its rank (`starttrace.rank`,
-  `starttrace.world_size`, `starttrace.local_rank` from LOCAL_RANK) when the call starts, from its
-  arguments or the RANK/WORLD_SIZE it reads (so a rank waiting in it is labelled), and again from
-  the process group once it returns, unless a more specific probe (vLLM's WorkerProc) set it.
-
-The wrapping helpers (`traced`, `patch`, `note_attached`) live in `probes/_wrap.py`.
+"""torch probe: `cuda.init` (around `torch.cuda._lazy_init`, the funnel of every lazy CUDA
+initialisation), `cuda.set_device`, `dist.init` and the first collective per process group, and
+the process's rank from torch.distributed (docs/probes.md). Standard library only; nothing runs
+until the program imported torch.
 """
 
 import os
@@ -46,6 +30,7 @@ if TYPE_CHECKING:
     Attrs = dict[str, Any]
 
 MAX_RECORDED_FAILURES = 3  # a CPU-only torch fails every lazy init: record the first few only
+_GENERIC_ROLES = (None, "", "main", "helper", "child")  # roles init_process_group turns into `worker`
 
 
 class _CudaState:
@@ -69,12 +54,8 @@ def install() -> None:
 
 
 def cuda_initialized() -> bool:
-    """True when this process initialised CUDA, or attempted to (the lead's fork wrappers ask).
-
-    A failed attempt counts: on a CPU-only build it fails, on a GPU machine the same code path
-    would have initialised CUDA before the fork, which is what the CUDA-clean audit is about.
-    Never imports torch.
-    """
+    """True when this process initialised CUDA, or attempted to (a failed attempt on a CPU-only
+    build would have initialised a GPU): the fork wrappers' CUDA-clean audit asks. Never imports torch."""
     if cuda_state.attempted:
         return True
     cuda = sys.modules.get("torch.cuda")
@@ -150,16 +131,9 @@ def _patch_cuda(cuda: "Any") -> None:
         _end_cuda_init(cuda, span_id)
         return result
 
-    _mark(_lazy_init, original)
-    cuda._lazy_init = _lazy_init
-    # torch.cuda.memory, torch.cuda.random, ... did `from . import _lazy_init`: patch their copies.
-    for name, module in list(sys.modules.items()):
-        if name.startswith("torch.") and module is not cuda:
-            try:
-                if getattr(module, "_lazy_init", None) is original:
-                    setattr(module, "_lazy_init", _lazy_init)  # noqa: B010
-            except Exception:
-                continue
+    cuda._lazy_init = _mark(_lazy_init, original)
+    # torch.cuda.memory, torch.cuda.random, ... did `from . import _lazy_init`: patch their copies too
+    _replace_everywhere("torch.", "_lazy_init", original, _lazy_init)
     note_attached("torch.cuda._lazy_init")
     if patch(cuda, "set_device", lambda fn: _set_device_wrapper(fn, "torch.cuda.set_device")):
         note_attached("torch.cuda.set_device")
@@ -186,22 +160,18 @@ def _end_cuda_init(cuda: "Any", span_id: str) -> None:
     try:
         cuda_state.initialized = True
         attrs: Attrs = {}
+        process_attrs: Attrs = {"starttrace.cuda_initialized": True}
         try:
-            attrs["starttrace.cuda.device_count"] = int(cuda.device_count())
+            count = int(cuda.device_count())
+            attrs["starttrace.cuda.device_count"] = process_attrs["starttrace.cuda.device_count"] = count
         except Exception:
             pass
-        version = getattr(sys.modules.get("torch.version"), "cuda", None) or getattr(
-            sys.modules.get("torch.version"), "hip", None
-        )
+        torch_version = sys.modules.get("torch.version")
+        version = getattr(torch_version, "cuda", None) or getattr(torch_version, "hip", None)
         if isinstance(version, str):
             attrs["starttrace.cuda.version"] = version
         recorder.end(span_id, attrs or None)
-        process_attrs: Attrs = {
-            "starttrace.cuda_initialized": True,
-            "starttrace.cuda_initialized_at_ns": monotonic_ns(),
-        }
-        if "starttrace.cuda.device_count" in attrs:
-            process_attrs["starttrace.cuda.device_count"] = attrs["starttrace.cuda.device_count"]
+        process_attrs["starttrace.cuda_initialized_at_ns"] = monotonic_ns()
         recorder.set_process_attrs(process_attrs)
     except Exception as exc:
         recorder.report(f"cuda.init probe failed: {type(exc).__name__}: {exc}", key="cuda.init.end")
@@ -292,39 +262,48 @@ def _patch_distributed(dist: "Any") -> None:
         _after_init_process_group(dist, span_id)
         return result
 
-    _mark(init_process_group, original)
-    for name, module in list(sys.modules.items()):
-        if name == "torch.distributed" or name.startswith("torch.distributed."):
-            try:
-                if getattr(module, "init_process_group", None) is original:
-                    setattr(module, "init_process_group", init_process_group)  # noqa: B010
-            except Exception:
-                continue
+    _replace_everywhere("torch.distributed", "init_process_group", original, _mark(init_process_group, original))
     note_attached("torch.distributed.init_process_group")
     publish_probe_list()
 
 
 def _identity_at_call(values: "Attrs") -> None:
-    """The rank is known when init_process_group is called (its arguments, else the RANK,
-    WORLD_SIZE and LOCAL_RANK it reads from the environment), not only once it returns: a rank
-    that waits in it for the others is labelled as that rank."""
-    environ = os.environ
-    learnt: Attrs = {}
-    known = recorder.process_attrs
+    """The rank is known when init_process_group is called (its arguments, else the RANK and
+    WORLD_SIZE it reads), not only once it returns: a rank waiting in it for the others is labelled."""
+    found: Attrs = {}
     for key, env_name in (("rank", "RANK"), ("world_size", "WORLD_SIZE")):
         value = values.get(key)
         if not (isinstance(value, int) and value >= 0):
-            raw = environ.get(env_name, "")
+            raw = os.environ.get(env_name, "")
             value = int(raw) if raw.isdigit() else None
-        if value is not None and f"starttrace.{key}" not in known:
-            learnt[f"starttrace.{key}"] = value
-    local_rank = environ.get("LOCAL_RANK", "")
+        found[key] = value
+    _learn(found, role_needs_rank=True)
+
+
+def _learn(found: "dict[str, int | None]", role_needs_rank: bool) -> None:
+    """Set the rank and world size found (and LOCAL_RANK) where no more specific probe set them;
+    role `worker` unless the process has a specific role (with `role_needs_rank`: once a rank was learnt)."""
+    known = recorder.process_attrs
+    learnt: Attrs = {f"starttrace.{k}": v for k, v in found.items() if v is not None and f"starttrace.{k}" not in known}
+    local_rank = os.environ.get("LOCAL_RANK", "")
     if "starttrace.local_rank" not in known and local_rank.isdigit():
         learnt["starttrace.local_rank"] = int(local_rank)
-    if "starttrace.rank" in learnt and known.get("starttrace.role") in (None, "", "main", "helper", "child"):
+    if (not role_needs_rank or "starttrace.rank" in learnt) and known.get("starttrace.role") in _GENERIC_ROLES:
         learnt["starttrace.role"] = "worker"
     if learnt:
         set_role_and_attrs(learnt)
+
+
+def _replace_everywhere(prefix: str, attr: str, original: "Any", wrapper: "Any") -> None:
+    """Replace `attr` where a loaded module under `prefix` holds `original` (its own, or a copy it
+    took with `from . import`)."""
+    for name, module in list(sys.modules.items()):
+        if name == prefix or name.startswith(prefix.rstrip(".") + "."):
+            try:
+                if getattr(module, attr, None) is original:
+                    setattr(module, attr, wrapper)
+            except Exception:
+                continue
 
 
 def _after_init_process_group(dist: "Any", span_id: str) -> None:
@@ -337,44 +316,23 @@ def _after_init_process_group(dist: "Any", span_id: str) -> None:
         except Exception:
             pass
         recorder.end(span_id, end_attrs)
-        learnt: Attrs = {}
-        known = recorder.process_attrs
-        if "starttrace.rank" not in known:
-            learnt["starttrace.rank"] = rank
-        if "starttrace.world_size" not in known:
-            learnt["starttrace.world_size"] = world_size
-        local_rank = os.environ.get("LOCAL_RANK", "")
-        if "starttrace.local_rank" not in known and local_rank.isdigit():
-            learnt["starttrace.local_rank"] = int(local_rank)
-        if known.get("starttrace.role") in (None, "", "main", "helper", "child"):
-            learnt["starttrace.role"] = "worker"
-        if learnt:
-            set_role_and_attrs(learnt)
+        _learn({"rank": rank, "world_size": world_size}, role_needs_rank=False)
     except Exception as exc:
         _end_quietly(span_id)
         recorder.report(f"dist.init probe failed: {type(exc).__name__}: {exc}", key="dist.init.end")
 
 
 # --------------------------------------------------------------------------------------------
-# torch.distributed collectives: clock sync points (docs/multinode.md)
-#
-# The first blocking barrier / all_reduce / all_gather of each process group becomes a span
-# (`dist.barrier`, ...; phase dist_init). No rank leaves such a collective before the last one
-# entered it, and all leave within a short time of each other: `analysis.clocks` aligns the clocks
-# of hosts on these spans. Later calls, async calls and calls on groups this rank is not in go
-# straight to torch (one set lookup). A NCCL all_reduce on a device tensor returns once queued,
-# not when done: only a barrier or a CPU tensor's collective is marked as a sync point.
+# torch.distributed collectives: the first blocking one per process group is a span, a clock sync
+# point for `analysis.clocks` when no rank can leave it early (a barrier or a CPU tensor: a NCCL
+# collective on a device tensor returns once queued). docs/multinode.md
 
 # name, index of the `group` argument, index of `async_op`, index of the tensor (-1: none)
 _COLLECTIVES = (("barrier", 0, 1, -1), ("all_reduce", 2, 3, 0), ("all_gather", 2, 3, 1))
 MAX_SYNC_GROUPS = 256
 
 
-class _SyncState:
-    seen: set[int] = set()  # id() of the groups whose first collective this process recorded (0: default)
-
-
-_sync = _SyncState()
+_seen_groups: set[int] = set()  # id() of the groups whose first collective this process recorded (0: default)
 
 
 def _patch_collectives(dist: "Any") -> None:
@@ -393,7 +351,7 @@ def _patch_collectives(dist: "Any") -> None:
 def _collective_wrapper(
     dist: "Any", original: "Callable[..., Any]", name: str, group_at: int, async_at: int, tensor_at: int
 ) -> "Callable[..., Any]":
-    seen = _sync.seen
+    seen = _seen_groups
 
     def collective(*args: "Any", **kwargs: "Any") -> "Any":
         if recorder._writer is None or len(seen) >= MAX_SYNC_GROUPS:
@@ -459,7 +417,3 @@ def _ranks_key(ranks: list[int]) -> str:
     for byte in text.encode():
         digest = ((digest ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return f"ranks/{len(ordered)}:{digest:016x}"
-
-
-# --------------------------------------------------------------------------------------------
-# shared helpers (also used by starttrace.tracer.probes.vllm and starttrace.tracer.probes.servers)
