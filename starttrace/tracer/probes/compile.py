@@ -1,36 +1,11 @@
-"""compile probe: torch.compile as spans, per compiled graph, from PyTorch's own compile events.
+"""compile probe: torch.compile as spans, per compiled graph, from PyTorch's own compile events
+(docs/probes.md).
 
-PyTorch times every step of a compile with `torch._dynamo.utils.dynamo_timed`, which reports each
-step's start and end to `ChromiumEventLogger.log_event_start` / `log_event_end` (the events tlparse
-and the torch profiler show): `dynamo` (one frame's whole compile), `entire_frame_compile`,
-`bytecode_tracing`, `backend_compile`, `create_aot_dispatcher_function`, `inductor_compile`,
-`fx_codegen_and_compile`, `GraphLowering.compile_to_fn`, `compile_file`, ... each with the compile
-id ("0/0": frame 0, recompile 0). This probe wraps those two methods (class attributes, so the
-logger instance torch already made uses them too) right after `torch._dynamo.utils` is imported:
-
-- the first event on a thread with no graph open (`dynamo`: one frame's compile; with torch's AOT
-  compile, vLLM's default, `fullgraph_capture`, whose Inductor compile runs outside any compile id;
-  a warm AOT load's `AOTAutogradCache.inductor_load`) becomes the span `compile.graph` (phase
-  `compile`), with `starttrace.compile.id`, `.cache` (`hit`, `miss`, or `none` when no cache was
-  asked and nothing compiled: an eager backend, a frame without a graph), `.cache_dir`, `.graphs`,
-  `.frame` and the counts behind the verdict. An event without a compile id starts a graph only
-  when no graph is open on any thread and it is not a helper's step (a compile worker thread's
-  `compile_file`);
-- every event inside it becomes a child span `compile.<event>` (phase `compile`), nested as torch
-  nests them.
-
-The cache verdict comes from what ran in the graph and from counters, taken as differences between
-the graph's start and end: PyTorch's (`torch._dynamo.utils.counters`: `inductor`
-`fxgraph_cache_hit|miss|bypass`, `aot_autograd` `autograd_cache_hit|miss`) and vLLM's compiled-artifact
-counters (`vllm.compilation.counter.compilation_counter.num_compiled_artifacts_loaded|saved`):
-`miss` when Inductor generated code (`fx_codegen_and_compile` ran: the AOT compile path never asks
-the FX graph cache), the FX graph cache missed or vLLM saved a compiled artifact; else `hit` when a
-graph came from a cache (`AOTAutogradCache.inductor_load` ran, an FX graph cache or AOTAutograd cache
-hit, or vLLM loaded an artifact); else `none`. An AOTAutograd miss alone is not a miss: it can stay
-1 on a warm start whose Inductor graphs all come from the FX graph cache (vLLM #20451).
-
-No log is parsed and structured trace logging (TORCH_TRACE) is never switched on. This module
-imports the standard library only and does nothing until the program imports torch._dynamo.
+PyTorch's `dynamo_timed` reports each compile step's start and end to `ChromiumEventLogger.log_event_start`
+/ `log_event_end`; this probe wraps those two methods right after `torch._dynamo.utils` is imported.
+The first event on a thread with no graph open becomes the span `compile.graph` (phase `compile`),
+every event inside it a child span `compile.<event>`; the graph's cache verdict (`verdict`) comes
+from what ran in it and from counter differences over it. No log is parsed. Standard library only.
 """
 
 import os
@@ -225,8 +200,10 @@ def _counts(utils: "Any") -> "dict[str, int]":
 
 
 def verdict(delta: "dict[str, int]", codegen: int = 0, loaded: int = 0) -> str:
-    """`miss`, `hit` or `none` from the counter differences over one graph and whether Inductor
-    generated code in it (`codegen`) or loaded a compiled graph (`loaded`) (module docstring)."""
+    """`miss` when Inductor generated code (`codegen`: the AOT path never asks the FX graph cache),
+    the FX graph cache missed or vLLM saved an artifact; else `hit` when a graph came from a cache
+    (`loaded`, a cache hit, a vLLM artifact loaded); else `none`. An AOTAutograd miss alone is not a
+    miss: it can stay 1 on a warm start whose graphs all come from the FX graph cache (vLLM #20451)."""
     if codegen or delta.get("fxgraph_cache_miss", 0) > 0 or delta.get("vllm_artifacts_saved", 0) > 0:
         return "miss"
     if (

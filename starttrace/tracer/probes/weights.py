@@ -1,27 +1,12 @@
-"""weights probe: one span per weight file a process reads, and per Hugging Face download.
+"""weights probe: one `weights.load` span per weight file a process reads, and a `weights.download`
+span per Hugging Face download (docs/probes.md has the attributes).
 
-A generic library probe (vLLM, SGLang, transformers, plain torch alike). It patches, right after
-the traced program imported them (this module imports the standard library only):
-
-- `safetensors.safe_open` (a Rust class) in `safetensors`, before `safetensors.torch` and vLLM's
-  `weight_utils` bind it (`from safetensors import safe_open`, `from safetensors.torch import
-  safe_open`): a Python class that opens the real one and hands its calls through. One span
-  `weights.load` from the open to the close (the `with` block's end, else when the object goes);
-  `safetensors.torch.load_file` opens through it too (one span per file).
-- `torch.load` (hooked in `torch.serialization` by `probes/torch_load.py`, before `torch` binds it;
-  this module loads at the first call), when its first argument is a
-  path (`str` or `os.PathLike`; file objects and buffers are not weight files we can name).
-- `huggingface_hub.file_download.hf_hub_download`: span `weights.download` (repo, file, size).
-
-Attributes of `weights.load` (phase `model_load`): `starttrace.weights.file` (the path as given),
-`.file_bytes` (os.stat size), `.format` (`safetensors` | `torch`), `.fs_type` (the filesystem type
-of the longest mount point holding the file's real path, from /proc/self/mountinfo), `.page_cache_fraction`
-(the share of the file's pages in the page cache when it was opened: mincore(2) over a read-only
-mapping of the file, sampled in 64 windows past 1 GiB), and at the end `.bytes_read` (the bytes of
-the tensors the file handed out: `get_tensor`/`get_tensors` results, `torch.load`'s tensors),
-`.tensors` (how many: 0 when only the header was read, e.g. a loader listing a shard's keys), and
-`.io_read_bytes` (this process's storage reads during the span, /proc/self/io `read_bytes`: what the
-page cache did not have; all threads; 0 on filesystems that do not count it, such as tmpfs).
+A generic library probe (vLLM, SGLang, transformers, plain torch). It replaces `safetensors.safe_open`
+before `safetensors.torch` and vLLM bind it (a class that opens the real one and hands its calls
+through), wraps `torch.load` of a path (hooked by `probes/torch_load.py`, which loads this module at
+the first such call) and `huggingface_hub.file_download.hf_hub_download`. The file's facts: size,
+filesystem type (/proc/self/mountinfo), page cache share (mincore(2)), bytes read (/proc/self/io).
+Standard library only.
 """
 
 import os
@@ -135,14 +120,7 @@ def _load_libc() -> "Any":
         ctypes = import_unrecorded("ctypes")
         libc = ctypes.CDLL(None, use_errno=True)
         libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = (
-            ctypes.c_void_p,
-            ctypes.c_size_t,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_int,
-            ctypes.c_long,
-        )
+        libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
         libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
         libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
         _libc.ctypes = ctypes
@@ -381,12 +359,9 @@ def _patch_safetensors(module: "Any") -> None:
 
 
 def _torch_load_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
-    """A `weights.load` span around torch.load of a path (hooked by probes/torch_load.py, which
-    makes this wrapper at the first such call)."""
+    """A `weights.load` span around torch.load (probes/torch_load.py calls it for a path only)."""
 
     def load(f: "Any", *args: "Any", **kwargs: "Any") -> "Any":
-        if recorder._writer is None or (not isinstance(f, str) and getattr(type(f), "__fspath__", None) is None):
-            return original(f, *args, **kwargs)
         span_id, io_before = begin_load(f, "torch")
         try:
             result = original(f, *args, **kwargs)
