@@ -1,11 +1,9 @@
-"""One run per job: the run id and trace id every node of a multi-node job derives on its own.
+"""One run per job: the run id and trace id every node of a multi-node job derives on its own
+(docs/multinode.md).
 
-Called by `boot` when a root process creates its run (hot path: standard library only, and it
-imports nothing; the hash is a few lines of pure Python, no `hashlib`). Where a launcher gives all
-nodes of one job a shared key, every node's root derives the same run id and trace id from it,
-before any process of the job starts, so the nodes' journals land in one run folder (on a shared
-filesystem), the service files their spans under one run, and vLLM's own OpenTelemetry spans on
-every node join one trace (they adopt the `traceparent` that boot exports). In order:
+Called by `boot` when a root process creates its run (hot path: imports nothing; the hash is pure
+Python). Where a launcher gives all nodes of one job a shared key, every node's root derives the
+same run id and trace id from it, so the nodes' journals, spans and vLLM's own traces join. In order:
 
 1. explicit: `STARTTRACE_RUN_ID` (or `VLLM_STARTTRACE_RUN_ID`, the name vLLM copies to Ray workers)
    set by the user, the same on every node; else an incoming W3C `TRACEPARENT`;
@@ -18,9 +16,8 @@ every node join one trace (they adopt the `traceparent` that boot exports). In o
    (`--headless` nodes included) or its data-parallel form (`--data-parallel-address`,
    `--data-parallel-rpc-port`), SGLang `--dist-init-addr A --nnodes N`.
 
-What each node names as its rendezvous endpoint, node count and node rank is recorded on its root
-process (`starttrace.job.*`), so that the service can group per-node runs that found no shared key
-and name the nodes that disagree (see docs/multinode.md).
+Each root records its rendezvous endpoint, node count and node rank (`starttrace.job.*`): the
+service groups per-node runs that found no shared key by them.
 """
 
 TYPE_CHECKING = False
@@ -37,15 +34,15 @@ _FNV128_PRIME = 0x0000000001000000000000000000013B
 _RUN_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 MAX_RUN_ID = 80
 
-TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
-VLLM_MODULES = (
-    "vllm.entrypoints.openai.api_server",
-    "vllm.entrypoints.cli.main",
-    "vllm.entrypoints.launchers.api_server.entry",
-)
-SGLANG_MODULES = ("sglang.launch_server",)
+TOOL_MODULES = {
+    "torch.distributed.run": "torchrun",
+    "torch.distributed.launch": "torchrun",
+    "vllm.entrypoints.openai.api_server": "vllm",
+    "vllm.entrypoints.cli.main": "vllm",
+    "vllm.entrypoints.launchers.api_server.entry": "vllm",
+    "sglang.launch_server": "sglang",
+}
 VLLM_DEFAULT_PORT = "29501"  # vllm/config/parallel.py
-TORCHRUN_DEFAULT_ENDPOINT = "127.0.0.1:29500"
 
 
 def fnv1a_128(text: str) -> int:
@@ -100,10 +97,6 @@ def identify(environ: Mapping[str, str], argv: Sequence[str], incoming_trace: st
     keeps it in `lifecycle.state.job`.
 
     `incoming_trace`: the trace id of a valid incoming TRACEPARENT (boot parses it)."""
-    return _identify(environ, argv, incoming_trace)
-
-
-def _identify(environ: Mapping[str, str], argv: Sequence[str], incoming_trace: str) -> Job | None:
     explicit = environ.get("STARTTRACE_RUN_ID") or environ.get("VLLM_STARTTRACE_RUN_ID") or ""
     if explicit:
         run_id = clean_run_id(explicit)
@@ -174,7 +167,7 @@ def command_of(argv: Sequence[str]) -> tuple[str, list[str]]:
     while i < len(args):  # interpreter options before the script or -m
         arg = args[i]
         if arg == "-m" and i + 1 < len(args):
-            return _tool_of_module(args[i + 1]), args[i + 2 :]
+            return TOOL_MODULES.get(args[i + 1], ""), args[i + 2 :]
         if arg in ("-c",):
             return "", []
         if arg in ("-X", "-W") and i + 1 < len(args):
@@ -186,28 +179,8 @@ def command_of(argv: Sequence[str]) -> tuple[str, list[str]]:
         name = arg.replace("\\", "/").rsplit("/", 1)[-1]
         if name.endswith(".py"):
             name = name[:-3]
-        return _tool_of_script(name), args[i + 1 :]
+        return (name if name in _JOB_OF_TOOL else ""), args[i + 1 :]
     return "", []
-
-
-def _tool_of_module(module: str) -> str:
-    if module in TORCHRUN_MODULES:
-        return "torchrun"
-    if module in VLLM_MODULES:
-        return "vllm"
-    if module in SGLANG_MODULES:
-        return "sglang"
-    return ""
-
-
-def _tool_of_script(name: str) -> str:
-    if name == "torchrun":
-        return "torchrun"
-    if name == "vllm":
-        return "vllm"
-    if name == "sglang":
-        return "sglang"
-    return ""
 
 
 def option(args: Sequence[str], *names: str) -> str | None:
@@ -242,13 +215,7 @@ def _max_nodes(value: str | None) -> int | None:
 
 def from_argv(argv: Sequence[str]) -> Job | None:
     tool, args = command_of(argv)
-    job = None
-    if tool == "torchrun":
-        job = _torchrun_agent(args)
-    elif tool == "vllm":
-        job = _vllm(args)
-    elif tool == "sglang":
-        job = _sglang(args)
+    job = _JOB_OF_TOOL[tool](args) if tool else None
     if job is not None:
         job.from_argv = True
     return job
@@ -301,3 +268,6 @@ def _sglang(args: list[str]) -> Job | None:
     return Job(
         "sglang", f"{addr}/{nnodes}", rendezvous=addr, nnodes=nnodes, node_rank=_int(option(args, "--node-rank"))
     )
+
+
+_JOB_OF_TOOL = {"torchrun": _torchrun_agent, "vllm": _vllm, "sglang": _sglang}
