@@ -5,17 +5,12 @@
 - `forkserver.start` around `ForkServer.ensure_running` (with the preload list), and inside the
   forkserver process `forkserver.preload` with one `preload <module>` span per module.
 - `process.bootstrap` in the child ends when the target starts (`BaseProcess.run`).
+- `process.wait` around `Popen.wait` / `communicate` while the child runs.
 The `os.fork` wrapper that records `process.fork` lives in boot.py (it covers every fork).
 
-Opt-in: `STARTTRACE_FORKSERVER_PRELOAD=mod,mod` (or `starttrace run --preload mod,mod`) adds those
-modules to the preload list of every forkserver the traced tree starts (`ForkServer.ensure_running`
-extends its `_preload_modules`, whoever called `set_forkserver_preload`). The root says so once on
-stderr and records it as the process attribute `starttrace.forkserver_preload_extra`; the spans
-`forkserver.start` and `forkserver.preload` list what was added (`starttrace.preload_added`).
-
-A generic multiprocessing child is role `child`, with its Process name and target
-(`starttrace.process_name`, `starttrace.process_target`); children that serve the library
-(concurrent.futures and multiprocessing.pool workers, torch compile workers) are `helper`.
+Opt-in `STARTTRACE_FORKSERVER_PRELOAD=mod,mod`: every forkserver of the tree also preloads those
+modules (docs/probes.md). A child is role `child` with its Process name and target, or `helper`
+when its target serves the library.
 """
 
 import os
@@ -33,6 +28,12 @@ if TYPE_CHECKING:
 ENV_PRELOAD = "STARTTRACE_FORKSERVER_PRELOAD"
 HELPER_TARGETS = ("concurrent.futures", "multiprocessing.", "torch._inductor", "torch.utils.data", "triton")
 _extra_preload: list[str] = []
+
+
+def _marked(wrapper: "Any", original: "Any") -> "Any":
+    wrapper.__starttrace__ = True
+    wrapper.__wrapped__ = original
+    return wrapper
 
 
 def install() -> None:
@@ -169,11 +170,8 @@ def _patch_process(module: "Any") -> None:
                 recorder.report(f"bootstrap probe failed: {type(exc).__name__}: {exc}", key="bootstrap")
         return original_bootstrap(self, *args, **kwargs)
 
-    start.__starttrace__ = True  # type: ignore[attr-defined]
-    start.__wrapped__ = original_start  # type: ignore[attr-defined]
-    _bootstrap.__wrapped__ = original_bootstrap  # type: ignore[attr-defined]
-    base.start = start
-    base._bootstrap = _bootstrap
+    base.start = _marked(start, original_start)
+    base._bootstrap = _marked(_bootstrap, original_bootstrap)
 
 
 def _default_method() -> str:
@@ -241,8 +239,7 @@ def _patch_forkserver(module: "Any") -> None:
                 lambda: _child_pid(getattr(self, "_forkserver_pid", None)),
             )
 
-        ensure_running.__starttrace__ = True  # type: ignore[attr-defined]
-        server_class.ensure_running = ensure_running
+        server_class.ensure_running = _marked(ensure_running, original_ensure)
         _rebind_module_aliases(module, "_forkserver", ("ensure_running",))
 
     original_main = getattr(module, "main", None)
@@ -282,9 +279,7 @@ def _patch_forkserver(module: "Any") -> None:
             recorder.report(f"forkserver probe failed: {type(exc).__name__}: {exc}", key="forkserver-main")
         return original_main(listener_fd, alive_r, preload, main_path, sys_path, *args, **kwargs)
 
-    main.__starttrace__ = True  # type: ignore[attr-defined]
-    main.__wrapped__ = original_main  # type: ignore[attr-defined]
-    module.main = main
+    module.main = _marked(main, original_main)
 
 
 def _preload(forkserver: "Any", modules: list[str], main_path: "Any") -> None:
@@ -353,10 +348,8 @@ def _rebind_module_aliases(module: "Any", instance_name: str, methods: tuple[str
 
 
 def _patch_resource_tracker_launch(module: "Any") -> None:
-    """`process.launch` around the resource tracker's start. Since gh-131788 (3.14, 3.13.7) the
-    start is `ResourceTracker._launch`, reached from `ensure_running` and also straight from
-    `register`/`unregister` (a SemLock of a Queue, under any start method but fork: 3.14's default
-    forkserver included); before, `ensure_running` started it itself, and `register` called that."""
+    """`process.launch` around the resource tracker's start: `ResourceTracker._launch` since
+    gh-131788 (3.14, 3.13.7; also reached straight from `register`), before that `ensure_running`."""
     tracker_class = getattr(module, "ResourceTracker", None)
     if tracker_class is None:
         return
@@ -383,9 +376,7 @@ def _patch_resource_tracker_launch(module: "Any") -> None:
             lambda: _child_pid(getattr(self, "_pid", None)),
         )
 
-    launch.__starttrace__ = True  # type: ignore[attr-defined]
-    launch.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(tracker_class, name, launch)
+    setattr(tracker_class, name, _marked(launch, original))
     if name == "ensure_running":
         _rebind_module_aliases(module, "_resource_tracker", ("ensure_running",))
 
@@ -406,8 +397,7 @@ def _patch_resource_tracker(module: "Any") -> None:
             recorder.report(f"resource tracker probe failed: {exc}", key="resource-tracker")
         return tracker_main(*args, **kwargs)
 
-    main.__starttrace__ = True  # type: ignore[attr-defined]
-    module.main = main
+    module.main = _marked(main, tracker_main)
 
 
 def _patch_subprocess(module: "Any") -> None:
@@ -441,9 +431,7 @@ def _patch_subprocess(module: "Any") -> None:
             raise
         recorder.end(span_id, _child_pid(getattr(self, "pid", 0)))
 
-    __init__.__starttrace__ = True  # type: ignore[attr-defined]
-    __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
-    popen.__init__ = __init__
+    popen.__init__ = _marked(__init__, original_init)
     for method in ("wait", "communicate"):
         _patch_popen_wait(popen, method)
 
@@ -479,9 +467,7 @@ def _patch_popen_wait(popen: "Any", method: str) -> None:
         recorder.end(span_id, {"process.exit_code": self.returncode} if isinstance(self.returncode, int) else None)
         return result
 
-    wrapper.__starttrace__ = True  # type: ignore[attr-defined]
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(popen, method, wrapper)
+    setattr(popen, method, _marked(wrapper, original))
 
 
 def _child_environment(env: "Any", extra: dict[str, str]) -> dict[str, str]:
