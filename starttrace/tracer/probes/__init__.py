@@ -1,13 +1,9 @@
-"""Probes: one per library, each enabled by post-import hooks (see recorder.when_imported).
+"""Probes: one per library, each patching its library right after the traced program imported it
+(post-import hooks: recorder.when_imported); standard library only.
 
-A probe module imports only the standard library; it patches its library right after the
-traced program imported it, and records which probes attached in `starttrace.probes`.
-
-Only the import and multiprocessing probes load at activation. The others load when the traced
-program first imports a module they patch (a post-import hook on each of those modules): a
-process that never imports torch, vLLM or uvicorn never loads their probes, which keeps
-activation cheap (docs/benchmarks.md). The vLLM probe also loads at activation when the command
-line names vLLM or one of the helpers it labels, since it reads the process role from argv.
+Only the import and multiprocessing probes load at activation; the others when the program first
+imports a module they patch (`LAZY_PROBES`), and the vLLM probe also at activation when the
+command line names vLLM (it reads the process role from argv).
 """
 
 import sys

@@ -41,6 +41,10 @@ def note_missing(label: str) -> None:
         _missing.append(label)
 
 
+def note(label: str, attached: bool) -> None:
+    (note_attached if attached else note_missing)(label)
+
+
 def publish_probe_list() -> None:
     attrs: Attrs = {}
     if _attached:

@@ -1,18 +1,11 @@
-"""Server readiness probe: uvicorn "startup complete" -> `starttrace.tracer.lifecycle.mark_ready`.
-
-Wraps (after the traced program imported uvicorn; standard library only here):
-- `uvicorn.server.Server.startup` -> span `uvicorn.startup` (phase `server_startup`): the ASGI
-  lifespan startup and the bind of the listening sockets.
-- `uvicorn.server.Server.main_loop` -> at its entry, the server is started (subclasses such as
-  vLLM's `NoSignalServer` have finished their own startup work too) and answers requests: the
-  `ready` instant is recorded (via `lifecycle.mark_ready`) with the listening address.
-
-`mark_ready` is idempotent (one `ready` per process), so several servers in one process, or a
-restart, record the first readiness only.
+"""Server readiness probe: span `uvicorn.startup` (phase `server_startup`) around
+`uvicorn.server.Server.startup`, and `ready` (`lifecycle.mark_ready`: the first one per process)
+with the listening address when `Server.main_loop` begins: the server answers requests then.
+Standard library only.
 """
 
 from starttrace.tracer import lifecycle, recorder
-from starttrace.tracer.probes._wrap import _mark, note_attached, note_missing, patch, publish_probe_list, traced
+from starttrace.tracer.probes._wrap import _mark, note, note_missing, patch, publish_probe_list, traced
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -30,14 +23,11 @@ def _patch_uvicorn(module: "Any") -> None:
         note_missing("uvicorn.server.Server")
         publish_probe_list()
         return
-    if patch(server, "startup", lambda fn: traced(fn, "uvicorn.startup", "server_startup")):
-        note_attached("uvicorn.server.Server.startup")
-    else:
-        note_missing("uvicorn.server.Server.startup")
-    if patch(server, "main_loop", _ready_on_entry):
-        note_attached("uvicorn.server.Server.main_loop")
-    else:
-        note_missing("uvicorn.server.Server.main_loop")
+    note(
+        "uvicorn.server.Server.startup",
+        patch(server, "startup", lambda fn: traced(fn, "uvicorn.startup", "server_startup")),
+    )
+    note("uvicorn.server.Server.main_loop", patch(server, "main_loop", _ready_on_entry))
     publish_probe_list()
 
 
@@ -45,7 +35,7 @@ def _ready_on_entry(original: "Callable[..., Any]") -> "Callable[..., Any]":
     async def main_loop(self: "Any", *args: "Any", **kwargs: "Any") -> "Any":
         if recorder._writer is not None:
             try:
-                ready(_server_attrs(self))
+                lifecycle.mark_ready(_server_attrs(self))
             except Exception as exc:
                 recorder.report(f"readiness probe failed: {type(exc).__name__}: {exc}", key="ready-probe")
         return await original(self, *args, **kwargs)
@@ -78,8 +68,3 @@ def _server_attrs(server: "Any") -> "dict[str, Any]":
         if isinstance(port, int):
             attrs["server.port"] = port
     return attrs
-
-
-def ready(attrs: "dict[str, Any] | None" = None) -> None:
-    """Record readiness (lifecycle.mark_ready: once per process, ends the run's `startup` span)."""
-    lifecycle.mark_ready(attrs)

@@ -1,11 +1,7 @@
-"""torch.load's hook, apart from the weights probe.
-
-`import torch` imports `torch.serialization`, so whatever hooks that module is loaded by every
-traced `import torch`. This small module is that hook: it replaces `torch.serialization.load` (and
-`torch.load`, which torch binds from it) with a wrapper that hands a load of a path to the weights
-probe (`starttrace.tracer.probes.weights`: the `weights.load` span and the file's facts), loaded at the
-first such call. A program that imports torch and never loads a file pays for this module only.
-Imports the standard library only.
+"""torch.load's hook, apart from the weights probe: every `import torch` imports
+`torch.serialization`, so this small module replaces its `load` (and `torch.load`) with a wrapper
+that loads the weights probe only at the first load of a path and hands such loads to it.
+Standard library only.
 """
 
 import sys

@@ -1,13 +1,9 @@
-"""torch elastic probe: one run per torchrun launch, agreed on in the rendezvous store.
+"""torch elastic probe: one run per torchrun launch, agreed on in the rendezvous store (docs/multinode.md).
 
-A traced torchrun agent starts on the run its command line names (`starttrace.tracer.launchers`), which
-a relaunch of the same command would name again. Wrapped `SimpleElasticAgent._assign_worker_ranks`
-(run by every agent after each rendezvous round, with the round's store, before `_start_workers`):
-group rank 0 sets `starttrace/run` = "<run id> <trace id>" on entry (fresh the first time), the
-others read it on return (rank 0 set it before writing the ranks they wait for), and each agent
-adopts that run: journal renamed into its folder, run.json, the environment its workers inherit.
-A failure is reported once and the node keeps its command line's run. docs/multinode.md tells the
-whole story. Hot path: the standard library only; this module's body runs only in torchrun agents.
+In `SimpleElasticAgent._assign_worker_ranks` (every agent, after each rendezvous round) group rank 0
+sets `starttrace/run` = "<run id> <trace id>" on entry, the others read it on return, and each agent
+adopts that run (journal moved into its folder, run.json, its workers' environment). A failure is
+reported once and the node keeps its command line's run. Loaded in torchrun agents only.
 """
 
 import os
@@ -16,7 +12,7 @@ import sys
 from starttrace.tracer import launchers, lifecycle, recorder
 from starttrace.tracer.journal import FORMAT_VERSION, encode, segment_path
 from starttrace.tracer.lifecycle import state
-from starttrace.tracer.probes._wrap import _mark, note_attached, note_missing, patch, publish_probe_list
+from starttrace.tracer.probes._wrap import _mark, note, patch, publish_probe_list
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,10 +38,8 @@ def install() -> None:
 
 def _patch_agent(module: Any) -> None:
     agent = getattr(module, "SimpleElasticAgent", None)
-    if agent is not None and patch(agent, "_assign_worker_ranks", _wrap_assign):
-        note_attached("torch.distributed.elastic.SimpleElasticAgent._assign_worker_ranks")
-    else:
-        note_missing("torch.distributed.elastic.SimpleElasticAgent._assign_worker_ranks")
+    attached = agent is not None and patch(agent, "_assign_worker_ranks", _wrap_assign)
+    note("torch.distributed.elastic.SimpleElasticAgent._assign_worker_ranks", attached)
     publish_probe_list()
 
 
