@@ -85,16 +85,7 @@ def _is_vllm_serve(argv: list[str]) -> bool:
 def _arg(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", index: int, name: str) -> "Any":
     if name in kwargs:
         return kwargs[name]
-    if len(args) > index:
-        return args[index]
-    return None
-
-
-def _world_size(vllm_config: "Any") -> int | None:
-    try:
-        return int(vllm_config.parallel_config.world_size)
-    except Exception:
-        return None
+    return args[index] if len(args) > index else None
 
 
 def _role(role: str) -> "Before":
@@ -112,9 +103,10 @@ def _worker_identity(rank: "Any", local_rank: "Any", vllm_config: "Any") -> "Att
         attrs["starttrace.rank"] = rank
     if isinstance(local_rank, int):
         attrs["starttrace.local_rank"] = local_rank
-    world_size = _world_size(vllm_config)
-    if world_size is not None:
-        attrs["starttrace.world_size"] = world_size
+    try:
+        attrs["starttrace.world_size"] = int(vllm_config.parallel_config.world_size)
+    except Exception:
+        pass
     return attrs
 
 
@@ -129,8 +121,7 @@ def _worker_init_before(args: "tuple[Any, ...]", kwargs: "dict[str, Any]") -> "A
     vllm_config = _arg(args, kwargs, 1, "vllm_config")
     local_rank = _arg(args, kwargs, 2, "local_rank")
     rank = _arg(args, kwargs, 3, "rank")
-    identity = _worker_identity(rank, local_rank, vllm_config)
-    set_role_and_attrs(identity)
+    set_role_and_attrs(_worker_identity(rank, local_rank, vllm_config))
     attrs: Attrs = {}
     if isinstance(rank, int):
         attrs["starttrace.rank"] = rank
@@ -340,13 +331,14 @@ def _init_worker_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result
     if worker is None:
         return None
     klass = type(worker)
+    class_name = f"{klass.__module__}.{klass.__qualname__}"
     for method, name, phase, after in WORKER_METHODS:
-        wrap_attr(klass, method, f"{klass.__module__}.{klass.__qualname__}.{method}", name, phase, None, after)
+        wrap_attr(klass, method, f"{class_name}.{method}", name, phase, None, after)
     runner = getattr(worker, "model_runner", None)
     if runner is not None:
         _patch_model_runner(runner)
     publish_probe_list()
-    return {"vllm.worker_class": f"{klass.__module__}.{klass.__qualname__}"}
+    return {"vllm.worker_class": class_name}
 
 
 def _init_device_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
@@ -533,18 +525,12 @@ def _instrument_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
 
 
 def _epoch_to_mono(epoch_ns: int) -> int:
-    anchor_mono = lifecycle.state.anchor_mono
-    anchor_epoch = lifecycle.state.anchor_epoch
-    if not anchor_epoch:
+    state = lifecycle.state
+    if not state.anchor_epoch:
         from time import monotonic_ns, time_ns
 
         return epoch_ns - time_ns() + monotonic_ns()
-    return epoch_ns - anchor_epoch + anchor_mono
-
-
-def _compile_probe_active() -> bool:
-    probe = lifecycle.loaded_probes.get("compile")
-    return bool(getattr(probe, "active", False))
+    return epoch_ns - state.anchor_epoch + state.anchor_mono
 
 
 def _instrument_manual_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
@@ -568,7 +554,8 @@ def _record_manual(span_name: str, start_time: "Any", end_time: "Any", attribute
     same time as the compile probe's `compile.*` spans of torch's own events: recorded only when
     that probe is not attached (each phase once)."""
     try:
-        if span_name == "Dynamo bytecode transform" and _compile_probe_active():
+        compile_probe = lifecycle.loaded_probes.get("compile")
+        if span_name == "Dynamo bytecode transform" and getattr(compile_probe, "active", False):
             return
         from time import monotonic_ns
 
