@@ -37,9 +37,9 @@ def open_process_spans(run: Run) -> set[str]:
         schema={"lane": pl.String, "span_id": pl.String},
         orient="row",
     )
-    closed = run.spans.join(own, on=["lane", "span_id"]).filter(
-        pl.col("end").is_not_null() & ~pl.col("in_progress").fill_null(False)
-    )
+    ended = pl.col("end").is_not_null() & ~pl.col("in_progress").fill_null(False)
+    rows = run.spans.select("lane", "span_id", "end", "in_progress")
+    closed = rows.filter(pl.col("span_id").is_in(own["span_id"].implode()) & ended).join(own, on=["lane", "span_id"])
     return {p.instance_id for p in run.processes} - set(closed["lane"].to_list())
 
 

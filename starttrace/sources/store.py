@@ -180,7 +180,7 @@ _BATCH_INSERT = "INSERT INTO span_batches(lane, trace, spans, body, rows) VALUES
 
 # the newest batches the writer stored, kept as columns (`_FreshBatches`): ~250 bytes a span
 FRESH_SPANS = 500_000
-FRESH_READ_SPANS = 50_000  # their streams read in one call per this many spans (or by a reader)
+FRESH_READ_SPANS = 10_000  # their streams read in one call per this many spans (or by a reader)
 
 
 class _FreshBatches:
