@@ -11,9 +11,9 @@ ranks do) ingested as there, then one `GET /startup/bench`. Besides the wall
 time it prints what the service process spent until that answer, from /proc: user and system CPU
 seconds and minor page faults, and its memory: resident set after the answer (VmRSS) and its peak
 (VmHWM) in MiB. One measurement swings
-by +-25 % on this VM: the build touches ~500 MB of new memory, and what a page fault costs depends
-on whether the host still backs the page the kernel hands out (docs/benchmarks.md, "Huge pages for
-the service's objects: tried"). So the trees take turns and the medians are compared.
+by +-25 % on this VM: the build touches hundreds of MB of new memory, and what a page fault costs
+depends on whether the host still backs the page the kernel hands out (docs/benchmarks.md, "The
+service"). So the trees take turns and the medians are compared.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ to a worker process (spawned once, at the service's start; like any spawned chil
 service's main module), which decodes it and packs each process's spans as columns
 (`sources.batches.pack_by_trace`: an Arrow IPC stream per trace), so what comes back pickled is a
 few blobs and id lists, and the writer stores a blob as it came: no Python loop per span is left
-in the service (docs/benchmarks.md, "Ingest: the store packed, decoding in a worker").
+in the service (docs/benchmarks.md, "The service on the columnar run model").
 
 Small bodies are decoded inline (a round trip to the worker would cost more than they do), and
 large ones in a thread when there is no worker, so that the event loop stays free. If the worker
