@@ -297,8 +297,9 @@ def _learn(found: "dict[str, int | None]", role_needs_rank: bool) -> None:
 def _replace_everywhere(prefix: str, attr: str, original: "Any", wrapper: "Any") -> None:
     """Replace `attr` where a loaded module under `prefix` holds `original` (its own, or a copy it
     took with `from . import`)."""
+    dotted = prefix.rstrip(".") + "."
     for name, module in list(sys.modules.items()):
-        if name == prefix or name.startswith(prefix.rstrip(".") + "."):
+        if name == prefix or name.startswith(dotted):
             try:
                 if getattr(module, attr, None) is original:
                     setattr(module, attr, wrapper)
