@@ -66,14 +66,14 @@ class Decoder:
         self.workers = workers
         self.errors: list[str] = []
         self._pool: ProcessPoolExecutor | None = None
-        self._warmed: Future[None] | None = None
+        self._warmed: list[Future[None]] = []
 
     @property
     def state(self) -> str:
         """`off` (no worker), `starting` (spawned, still importing), `ready`."""
-        if self._pool is None or self._warmed is None:
+        if self._pool is None or not self._warmed:
             return "off"
-        return "ready" if self._warmed.done() else "starting"
+        return "ready" if all(f.done() for f in self._warmed) else "starting"
 
     def start(self) -> None:
         if self.workers > 0 and self._pool is None:
@@ -84,7 +84,8 @@ class Decoder:
                 initializer=_worker_start,
                 initargs=(os.getpid(),),
             )
-            self._warmed = self._pool.submit(_warm)  # start the worker now, not on the first request
+            # every worker started now: not on the first request, nor the second one during a burst
+            self._warmed = [self._pool.submit(_warm) for _ in range(self.workers)]
 
     def stop(self) -> None:
         pool, self._pool = self._pool, None

@@ -112,3 +112,11 @@ def test_without_a_worker_bodies_are_decoded_in_the_service(server_factory) -> N
         assert httpx.post(server.url + "/v1/traces", content=body, headers=PROTOBUF, timeout=30).status_code == 200
     wait_for(lambda: _stored(server) == run.span_count, timeout=30)
     assert _workers(server) == []
+
+
+def test_every_worker_is_started_with_the_service(server_factory) -> None:  # type: ignore[no-untyped-def]
+    """With two workers, both are running once the service says its decoder is ready: the second
+    does not start (importing the decoder) in the middle of the first burst of requests."""
+    server = server_factory("--decode-workers", "2")
+    wait_for(lambda: httpx.get(server.url + "/healthz").json()["decoder"] == "ready", timeout=60)
+    assert len(_workers(server)) == 2
