@@ -82,10 +82,17 @@ def test_uvicorn_probe_loads_on_first_import_and_patches(tmp_path: Path) -> None
 
 def test_torch_probe_loads_with_torch_and_patches_distributed(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    check = 'getattr(sys.modules["torch.distributed"].init_process_group, "__starttrace__", False)'
-    out, run, process = _traced(tmp_path, PROBED.format(imports="import torch, torch.distributed", check=check))
+    # `init_process_group` and `_lazy_init` wrapped, also where torch's own modules hold a copy
+    # (`from . import _lazy_init` in torch.cuda.random)
+    check = (
+        '[getattr(sys.modules[m].__dict__.get(a), "__starttrace__", False) for m, a in ('
+        '("torch.distributed", "init_process_group"), ("torch.cuda", "_lazy_init"),'
+        ' ("torch.cuda.random", "_lazy_init"))]'
+    )
+    imports = "import torch, torch.distributed, torch.cuda.random"
+    out, run, process = _traced(tmp_path, PROBED.format(imports=imports, check=check))
     assert "starttrace.tracer.probes.torch" in out["loaded"] and "starttrace.tracer.probes.vllm" not in out["loaded"]
-    assert out["patched"] is True
+    assert out["patched"] == [True, True, True]
     assert "torch" in process.resource["starttrace.probes.installed"]
     assert not any(s.name.startswith("import starttrace") for s in spans_of(run, process))
 

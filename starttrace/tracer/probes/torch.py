@@ -296,12 +296,13 @@ def _learn(found: "dict[str, int | None]", role_needs_rank: bool) -> None:
 
 def _replace_everywhere(prefix: str, attr: str, original: "Any", wrapper: "Any") -> None:
     """Replace `attr` where a loaded module under `prefix` holds `original` (its own, or a copy it
-    took with `from . import`)."""
+    took with `from . import`). Read from each module's namespace: a `getattr` that misses raises
+    inside, ~4x the cost over the ~800 torch modules `import torch` loads."""
     dotted = prefix.rstrip(".") + "."
     for name, module in list(sys.modules.items()):
         if name == prefix or name.startswith(dotted):
             try:
-                if getattr(module, attr, None) is original:
+                if module.__dict__.get(attr) is original:
                     setattr(module, attr, wrapper)
             except Exception:
                 continue
