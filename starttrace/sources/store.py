@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from starttrace.run import SPAN_SCHEMA, Process, Run, Span, decode_attrs, int_or_none, span_of
@@ -1093,15 +1092,15 @@ def spans_of_batches(batches: list[tuple[str, int, int, int, bytes | pl.DataFram
     bodies = [b for b in batches if isinstance(b[4], bytes)]
     frame, counts = read_packed([b[4] for b in bodies], [b[3] for b in bodies])  # type: ignore[misc]
     if len(bodies) < len(batches):  # some read already (`_FreshBatches`): the tables in order
-        read, offsets = iter(counts), iter(np.cumsum([0, *counts]).tolist())
-        parts, counts = [], []
+        read, offset, parts = iter(counts), 0, []
         for b in batches:
             if isinstance(b[4], pl.DataFrame):
                 parts.append(b[4])
-                counts.append(b[4].height)
             else:
-                counts.append(next(read))
-                parts.append(frame.slice(next(offsets), counts[-1]))
+                n = next(read)
+                parts.append(frame.slice(offset, n))
+                offset += n
+        counts = [part.height for part in parts]
         frame = pl.concat(parts, how="vertical", rechunk=False).clone()  # a frame of its own: columns go in below
     unreadable = sum(1 for b, n in zip(batches, counts, strict=True) if n == 0 and b[3])
     kept = [(b[0], b[1], n) for b, n in zip(batches, counts, strict=True) if n]
