@@ -1,7 +1,7 @@
 /* starttrace.tracer._hotpath: the C core of the hot path (optional; the pure-Python code does the same).
 
    Two things run for every event a traced process records, and here they cost a few hundred
-   instructions instead of thousands (docs/benchmarks.md, "instructions per import span"):
+   instructions instead of thousands (docs/benchmarks.md, "In instructions"):
 
    - Segment: a journal segment's mapping, written by a memory copy at a position of its own.
      `Segment(mapping).write` is the journal writer's `put` (journal.py): one C call, atomic under
