@@ -3,10 +3,11 @@ form the store keeps them in: one Arrow IPC stream per trace of a process batch,
 run's span table's (`run.SPAN_SCHEMA`) but `lane` (`STORED_SCHEMA`).
 
 A source hands spans as tuples (`SpanTuple`): the OTLP decoder with the span's column attributes
-read once from the parsed span (`SpanTuple` of 15 fields), a journal with its attributes as JSON text
-(11 fields: the columns are read from the text here). `pack_by_trace` turns them into columns and
-writes them; the store keeps the stream as it came and reads a run's streams back as one table
-(`read_packed`): no Python object per span on the way out.
+read once from the parsed span (`SpanTuple` of 15 fields), tests and tools with attributes as JSON
+text (11 fields: the columns are read from the text here). `pack_by_trace` turns them into columns
+and writes them; a source that has a table already (the journal watcher) packs it (`pack_frame`).
+The store keeps the stream as it came and reads a run's streams back as one table (`read_packed`):
+no Python object per span on the way out.
 """
 
 from __future__ import annotations
@@ -239,6 +240,27 @@ def pack_by_trace(spans: list[SpanTuple]) -> list[PackedSpans]:
     return out
 
 
+def pack_frame(trace_id: str, frame: pl.DataFrame) -> PackedSpans:
+    """A STORED_SCHEMA frame of one process's spans of one trace, packed, with what the writer needs
+    to know of them (as `pack_by_trace` gives for tuples): a source that has its spans as a table
+    (a journal's run) hands them on with no Python object per span."""
+    first, plausible, last = frame.select(
+        pl.col("start").min(),
+        pl.col("start").filter(pl.col("start") >= PLAUSIBLE_MIN_NS).min().alias("plausible"),
+        pl.max_horizontal(pl.col("start").max(), pl.col("end").max()).alias("last"),
+    ).row(0)
+    if first < PLAUSIBLE_MIN_NS and plausible is not None:
+        first = plausible
+    return PackedSpans(
+        trace_id,
+        frame["span_id"].to_list(),
+        frame.filter(pl.col("in_progress"))["span_id"].to_list(),
+        first,
+        last,
+        write_packed(frame),
+    )
+
+
 @dataclass
 class ProcessBatch:
     """Spans of one process (one OTLP ResourceSpans, or one journal file): as tuples, or already
@@ -290,6 +312,7 @@ __all__ = [
     "RunMeta",
     "SpanTuple",
     "pack_by_trace",
+    "pack_frame",
     "pack_spans",
     "read_packed",
     "span_columns",

@@ -3,7 +3,7 @@
 Every `poll_s` each run folder's signature (`journal_files.journal_signature`: one `stat` per
 unchanged file) is compared with the last; a changed run is re-read whole (`read_run` resolves
 cross-process links) and only its new or changed spans (an anti-join of its span table with what
-was sent) go to the store, as `ProcessBatch`es.
+was sent) go to the store, as `ProcessBatch`es packed from that table (`batches.pack_frame`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import polars as pl
 
 from starttrace.run import Run, spans_table
-from starttrace.sources.batches import IngestBatch, ProcessBatch, RunMeta, SpanTuple
+from starttrace.sources.batches import STORED_SCHEMA, IngestBatch, ProcessBatch, RunMeta, pack_frame
 from starttrace.sources.journal_files import journal_signature
 from starttrace.sources.store import Store
 
@@ -32,6 +32,14 @@ _ROW = (
     "phase", "module", "self_us", "launched_by",
 )  # fmt: skip
 _SIGNATURE = ["span_id", "end", "parent_id", "error", "attrs"]
+# the stored columns that are not the table's as they are: a span without an end is open, an empty
+# attribute text none, and a journal has no OTLP attribute bytes
+_STORED_COLUMNS = {
+    "in_progress": pl.col("end").is_null(),
+    "instant": pl.col("instant").fill_null(False),
+    "attrs": pl.when(pl.col("attrs") != "").then(pl.col("attrs")),
+    "attrs_pb": pl.lit(None, pl.Binary),
+}
 _USED: dict[str, dict[str, int]] = {}  # run folder -> journal file -> bytes in use (see _signature)
 
 
@@ -155,32 +163,20 @@ class JournalWatcher:
         previous = self._sent.get(run.run_id)
         changed = table if previous is None else table.join(previous, on=_SIGNATURE, how="anti", nulls_equal=True)
         self._sent[run.run_id] = table.select(_SIGNATURE)
-        rows = changed.select(
-            pl.lit(trace_id).alias("trace_id"),
-            "span_id",
-            "parent_id",
-            "name",
-            "start",
-            "end",
-            pl.col("end").is_null().cast(pl.Int64).alias("in_progress"),
-            pl.col("instant").fill_null(False).cast(pl.Int64),
-            "attrs",
-            "error",
-            "thread",
-            "phase",  # the column attributes, read once by the reader: the store need not parse attrs again
-            "module",
-            "self_us",
-            "launched_by",
+        stored = changed.select(
             "lane",
+            *[_STORED_COLUMNS.get(name, pl.col(name)).cast(dtype).alias(name) for name, dtype in STORED_SCHEMA.items()],
         )
-        by_lane: dict[str, list[SpanTuple]] = {}
-        for row in rows.iter_rows():
-            by_lane.setdefault(row[-1], []).append(row[:-1])
+        by_lane = {
+            lane: [pack_frame(trace_id, frame.drop("lane"))]
+            for (lane,), frame in stored.partition_by("lane", as_dict=True, maintain_order=True).items()
+        }
         processes = [
             ProcessBatch(
                 source="journal",
                 resource=dict(p.resource),
-                spans=by_lane.pop(p.instance_id, []),  # popped: two journals of one lane send it once
+                spans=[],
+                packed=by_lane.pop(p.instance_id, []),  # popped: two journals of one lane send it once
                 run_id=run.run_id,
                 lane_id=p.instance_id,
                 info={

@@ -237,3 +237,54 @@ def test_real_traced_tree(
     assert doc["import_hotspots"] and doc["import_hotspots"][0]["cumulative_s"] > 0
     assert doc["critical_path"]
     assert httpx.get(srv.url + "/runs").json()["runs"][0]["run_id"] == run.run_id
+
+
+def _packed_as_tuples(run: Any) -> dict[str, Any]:
+    """How the watcher packed a run before it packed its table: a SpanTuple per row, by lane, then
+    `pack_by_trace` (the reference the table path must match)."""
+    import polars as pl
+
+    from starttrace.run import spans_table
+    from starttrace.sources.batches import pack_by_trace
+
+    table = run.spans
+    roots = [p for p in run.processes if p.resource.get("starttrace.start_method") == "root"]
+    root_proc = (roots or run.processes)[0]
+    table = pl.concat([table, spans_table((root_proc.instance_id, s) for s in run.root_spans)])
+    rows = table.select(
+        pl.lit(run.trace_id or run.run_id).alias("trace_id"),
+        "span_id", "parent_id", "name", "start", "end",
+        pl.col("end").is_null().cast(pl.Int64).alias("in_progress"),
+        pl.col("instant").fill_null(False).cast(pl.Int64),
+        "attrs", "error", "thread", "phase", "module", "self_us", "launched_by", "lane",
+    )  # fmt: skip
+    by_lane: dict[str, list[Any]] = {}
+    for row in rows.iter_rows():
+        by_lane.setdefault(row[-1], []).append(row[:-1])
+    return {lane: pack_by_trace(spans) for lane, spans in by_lane.items()}
+
+
+def test_watcher_packs_the_run_table_as_the_span_tuples_did(run_tree: Callable[..., Any], tmp_path: Path) -> None:
+    """A real traced tree's run, packed by the watcher straight from its span table: per lane the
+    same stored columns, ids, open ids and time range as packing a SpanTuple per row gave."""
+    from starttrace.sources.batches import unpack_spans
+    from starttrace.sources.journal_watcher import JournalWatcher
+    from starttrace.sources.store import Store
+
+    run = run_tree("--no-torch")
+    store = Store(tmp_path / "st.db")
+    try:
+        batch = JournalWatcher(tmp_path, store)._batch(run)
+    finally:
+        store.close()
+    expected = _packed_as_tuples(run)
+    got = {p.lane_id: p.packed for p in batch.processes if p.packed}
+    assert got.keys() == expected.keys() and len(got) == len(run.processes) >= 4
+    for lane, packed in got.items():
+        assert [p.spans for p in batch.processes if p.lane_id == lane] == [[]]
+        (new,), (old,) = packed, expected[lane]
+        assert (new.trace_id, new.span_ids, new.open_ids, new.first_ns, new.last_ns) == (
+            old.trace_id, old.span_ids, old.open_ids, old.first_ns, old.last_ns,
+        )  # fmt: skip
+        assert unpack_spans(new.body).equals(unpack_spans(old.body)), lane
+    assert sum(len(p.span_ids) for ps in got.values() for p in ps) == run.span_count()

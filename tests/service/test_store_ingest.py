@@ -591,3 +591,26 @@ def test_a_seq_reused_by_another_writer_is_read_from_its_blob(tmp_path: Path) ->
     assert rows is not None
     assert rows.spans["span_id"].to_list() == [f"{i:016x}" for i in range(100, 103)]
     st.close()
+
+
+@pytest.mark.parametrize("starts", [(5, 1_750_000_000 * 10**9, 1_750_000_001 * 10**9), (5, 7, 9)])
+def test_a_packed_table_is_what_its_tuples_pack_to(starts: tuple[int, ...]) -> None:
+    """`pack_frame` (a table: the journal watcher) gives what `pack_by_trace` gives for the same
+    spans as tuples: ids, open ids (no end, or in progress), the time range (a start before 2000
+    does not move the first time while a plausible one exists), and the stored columns."""
+    from starttrace.sources.batches import pack_by_trace, pack_frame, span_frame
+
+    trace = "ab" * 16
+    ends = (None, starts[1] + 50, None)
+    tuples = [
+        (trace, f"{i:016x}", None, f"s{i}", start, end, int(i == 1), 0, json.dumps({"n": i}), None, None,
+         "import", f"m{i}", 1.5, None)
+        for i, (start, end) in enumerate(zip(starts, ends, strict=True))
+    ]  # fmt: skip
+    (old,) = pack_by_trace(tuples)
+    new = pack_frame(trace, span_frame(tuples))
+    assert (new.span_ids, new.open_ids, new.first_ns, new.last_ns) == (
+        old.span_ids, old.open_ids, old.first_ns, old.last_ns,
+    )  # fmt: skip
+    assert new.open_ids == [f"{i:016x}" for i in range(3)]
+    assert unpack_spans(new.body).equals(unpack_spans(old.body))
