@@ -26,11 +26,7 @@ log = logging.getLogger("starttrace.service")
 
 Signature = tuple[tuple[str, int, int], ...]
 
-# the span table's columns a batch sends, and those whose change makes a span worth sending again
-_ROW = (
-    "lane", "span_id", "parent_id", "name", "start", "end", "instant", "attrs", "error", "thread",
-    "phase", "module", "self_us", "launched_by",
-)  # fmt: skip
+# the span table's columns whose change makes a span worth sending again
 _SIGNATURE = ["span_id", "end", "parent_id", "error", "attrs"]
 # the stored columns that are not the table's as they are: a span without an end is open, an empty
 # attribute text none, and a journal has no OTLP attribute bytes
@@ -154,12 +150,10 @@ class JournalWatcher:
         """The run's spans that are new or changed since the last read of it (an anti-join of its
         span table with what was sent), as one ProcessBatch per process."""
         trace_id = run.trace_id or run.run_id
-        roots = [p for p in run.processes if p.resource.get("starttrace.start_method") == "root"]
-        root_proc = (roots or run.processes)[0] if run.processes else None
+        root_proc = run.root_process
         table = run.spans
         if root_proc is not None and run.root_spans:  # the run's root spans go with its root process
             table = pl.concat([table, spans_table((root_proc.instance_id, s) for s in run.root_spans)])
-        table = table.select(*_ROW)
         previous = self._sent.get(run.run_id)
         changed = table if previous is None else table.join(previous, on=_SIGNATURE, how="anti", nulls_equal=True)
         self._sent[run.run_id] = table.select(_SIGNATURE)
