@@ -126,6 +126,8 @@ def traced(
     thread (a subclass calling super()) records no second span; `key` (default: the name) is what
     counts as the same (vLLM's own marks use the function, since two functions share a name).
     """
+    # Long by design: a wrapper factory: the sync and async wrappers are closures over the same locals, defined
+    # together.
     base: Attrs = {"starttrace.phase": phase}
     idle = phase == "idle"
     if attrs:

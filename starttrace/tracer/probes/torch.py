@@ -133,7 +133,7 @@ def _patch_cuda(cuda: "Any") -> None:
 
     cuda._lazy_init = _mark(_lazy_init, original)
     # torch.cuda.memory, torch.cuda.random, ... did `from . import _lazy_init`: patch their copies too
-    _replace_everywhere("torch.", "_lazy_init", original, _lazy_init)
+    _replace_everywhere("torch", "_lazy_init", original, _lazy_init)
     note_attached("torch.cuda._lazy_init")
     if patch(cuda, "set_device", lambda fn: _set_device_wrapper(fn, "torch.cuda.set_device")):
         note_attached("torch.cuda.set_device")
@@ -295,10 +295,10 @@ def _learn(found: "dict[str, int | None]", role_needs_rank: bool) -> None:
 
 
 def _replace_everywhere(prefix: str, attr: str, original: "Any", wrapper: "Any") -> None:
-    """Replace `attr` where a loaded module under `prefix` holds `original` (its own, or a copy it
-    took with `from . import`). Read from each module's namespace: a `getattr` that misses raises
+    """Replace `attr` where the loaded module `prefix`, or one under it, holds `original` (its own,
+    or a copy it took with `from . import`). Read from each module's namespace: a `getattr` that misses raises
     inside, ~4x the cost over the ~800 torch modules `import torch` loads."""
-    dotted = prefix.rstrip(".") + "."
+    dotted = prefix + "."
     for name, module in list(sys.modules.items()):
         if name == prefix or name.startswith(dotted):
             try:

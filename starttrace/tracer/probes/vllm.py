@@ -554,8 +554,9 @@ def _record_manual(span_name: str, start_time: "Any", end_time: "Any", attribute
     same time as the compile probe's `compile.*` spans of torch's own events: recorded only when
     that probe is not attached (each phase once)."""
     try:
-        compile_probe = lifecycle.loaded_probes.get("compile")
-        if span_name == "Dynamo bytecode transform" and getattr(compile_probe, "active", False):
+        if span_name == "Dynamo bytecode transform" and getattr(
+            lifecycle.loaded_probes.get("compile"), "active", False
+        ):
             return
         from time import monotonic_ns
 
