@@ -29,7 +29,7 @@ import heapq
 
 import polars as pl
 
-from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, RunModel
+from starttrace.analysis.model import Lane, RunModel
 from starttrace.analysis.table import as_int64
 
 UNEXPLAINED = "unexplained"
@@ -90,11 +90,10 @@ def set_breakdowns(model: RunModel) -> None:
 
 
 def untraced_waits(model: RunModel) -> list[int]:
-    """The `process.wait` spans (by idx; not instants) whose child has no lane: a program that is
-    not Python (a compiler), or one that ran untraced. Their time is the waiting span's own work."""
+    """The `process.wait` spans (by idx) whose child has no lane: a program that is not Python (a
+    compiler), or one that ran untraced. Their time is the waiting span's own work."""
     traced = {lane.pid for lane in model.lanes if lane.pid is not None}
-    waits = model.matching(names=("process.wait",))
-    waits = waits.filter(~pl.col("instant") & ~pl.col("phase").is_in(STRUCTURAL_PHASES))["idx"].to_list()
+    waits = model.matching(names=("process.wait",))["idx"].to_list()
     return [i for i in waits if model.attrs_of(i).get("starttrace.child_pid") not in traced]
 
 

@@ -97,7 +97,7 @@ def correct_clocks(run: Run, owned: bool = False) -> Run:
         return run
     clocks = estimate(run, todo)
     by_domain = {c.domain: c for c in clocks}
-    owners = {s.span_id: run.root_owner(s) for s in run.root_spans}
+    owners = run.root_owners()
     pending = {id(p) for p in todo}
     processes = [_shifted_process(p, by_domain[domain_of(p)]) if id(p) in pending else p for p in run.processes]
     offsets = {p.instance_id: by_domain[domain_of(p)].offset_ns for p in todo if by_domain[domain_of(p)].offset_ns}

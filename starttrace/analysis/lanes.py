@@ -7,7 +7,6 @@ gaps, ready and top imports, the import hotspots. Python loops run over lanes, n
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -106,9 +105,9 @@ def _all_spans(run: Run, lanes_by_id: dict[str, Lane]) -> pl.DataFrame:
     """The run's span table with its root spans, each in the lane of the process it belongs to, in
     the order the source gave (ties of start keep it: the frame stays in this order until sorted)."""
     roots = []
-    processes = dataclasses.replace(run, spans=run.spans.filter(pl.col("name") == "process"))  # what root_owner reads
+    owners = run.root_owners()
     for s in run.root_spans:  # one root per node
-        owner = processes.root_owner(s)
+        owner = owners[s.span_id]
         if owner is not None and owner.instance_id in lanes_by_id:
             roots.append((owner.instance_id, s))
     parts = [spans_table(roots)] if roots else []
@@ -449,8 +448,7 @@ def _lane_facts(model: RunModel, run_ready: int | None) -> None:
     segments = merged_by(clipped, ["lane"], "s", "e")
     covered = dict(segments.group_by("lane").agg((pl.col("e") - pl.col("s")).sum()).iter_rows())
     gaps = _gaps(segments, windows)
-    parent, is_import = model.array("parent"), model.array("is_import")
-    top_import = work & is_import & ~((parent >= 0) & is_import[np.maximum(parent, 0)])
+    top_import = work & model.array("is_import") & ~model.array("same_phase")  # an import's parent is no import
     tops = (
         frame.select("idx", "lane", "module", "name", "duration")
         .filter(top_import)
@@ -532,8 +530,7 @@ def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str
     imports = (
         model.spans.select("lane", "phase", "module", "name", "duration", "self_us")
         .with_columns(pl.Series("kids", children_ns(model)))
-        .lazy()
-        .filter(pl.col("phase") == "import")
+        .filter(model.array("is_import"))
         .with_columns(
             pl.when(pl.col("module").is_null())
             .then(pl.col("name").hash())
@@ -543,7 +540,7 @@ def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str
     )
     # summed per module's 64-bit hash (a string group-by costs ~5x more), the top `limit` taken, and
     # only their rows counted by name: a hash two modules share is never one module's
-    sums = imports.group_by("key").agg(pl.col("duration").sum().alias("cum")).collect()
+    sums = imports.group_by("key").agg(pl.col("duration").sum().alias("cum"))
     if not sums.height:
         return []
     if sums.height > limit:  # the limit-th longest, then every module as long: ties stay in
@@ -571,7 +568,6 @@ def import_hotspots(model: RunModel, limit: int = TOP_HOTSPOTS) -> list[dict[str
         .sort(["cum", "mod"], descending=[True, False])
         .head(limit)
         .select("mod", "cum", "self", "processes", "ranks_paid", "imports")
-        .collect()
     )
     return [
         {"module": m, "cumulative_s": c / 1e9, "self_s": s / 1e9, "processes": p, "ranks_paid": r, "imports": n}

@@ -368,6 +368,7 @@ class RunModel:
             else:
                 column = self.spans[name]
             got = self._arrays[name] = column.to_numpy()
+            got.flags.writeable = False  # shared by every pass
         return got
 
     def attrs_of(self, idx: int) -> dict[str, Any]:

@@ -12,7 +12,7 @@ Conventions every source follows:
 - parents are resolved across processes (a child process's `process` span hangs under the span
   that launched or forked it);
 - the run's root spans (`startup`) are kept apart in `root_spans` (one per node of a multi-node run,
-  a few `Span` objects), each with the resource of its process (`root_owner`);
+  a few `Span` objects), each with the resource of its process (`root_owners`);
 - a `process` span ends where its startup ended (its own ready, its exit, or the run's ready).
 """
 
@@ -273,16 +273,20 @@ class Run:
         )
         return span_of(rows.row(0, named=True)) if process.process_span_id and rows.height else None
 
-    def root_owner(self, span: Span) -> Process | None:
-        """The process a root span belongs to: the one whose `process` span hangs under it (each
-        node of a multi-node run has its own root span), else the run's root process."""
-        owners = self.spans.filter((pl.col("name") == "process") & (pl.col("parent_id") == span.span_id))
+    def root_owners(self) -> dict[str, Process | None]:
+        """The process each root span belongs to, by its span id: the one whose `process` span hangs
+        under it (each node of a multi-node run has its own root span), else the run's root process.
+        One filter of the table for every root."""
+        ids = [s.span_id for s in self.root_spans]
+        under = self.spans.filter((pl.col("name") == "process") & pl.col("parent_id").is_in(ids))
         lanes = {p.instance_id: p for p in self.processes}
-        for lane, sid in owners.select("lane", "span_id").iter_rows():
+        owners: dict[str, Process | None] = {}
+        for lane, sid, parent in under.select("lane", "span_id", "parent_id").iter_rows():
             process = lanes.get(lane)
-            if process is not None and process.process_span_id == sid:
-                return process
-        return self.root_process
+            if parent not in owners and process is not None and process.process_span_id == sid:
+                owners[parent] = process
+        root = self.root_process
+        return {i: owners.get(i, root) for i in ids}
 
     def span_count(self) -> int:
         return len(self.root_spans) + self.spans.height

@@ -40,7 +40,7 @@ def to_jaeger(
     trace_id = trace_hex(run)
     processes: dict[str, Any] = {}
     spans: list[dict[str, Any]] = []
-    root = run.root_process
+    root, root_owners = run.root_process, run.root_owners()
     ordered = sorted(run.processes, key=sort_key)
     by_lane = lane_rows(run)
     for index, process in enumerate(ordered, 1):
@@ -49,7 +49,7 @@ def to_jaeger(
         service = process.resource.get("service.name") or run.service or "starttrace"
         processes[key] = {"serviceName": str(service), "tags": tags}
         own = [span_of(row) for row in by_lane.get(process.instance_id, ())]
-        own += [s for s in run.root_spans if (run.root_owner(s) or root) is process]
+        own += [s for s in run.root_spans if (root_owners[s.span_id] or root) is process]
         spans.extend(_span(s, trace_id, key, now_ns) for s in own)
     if not run.processes and run.root_spans:
         processes["p1"] = {"serviceName": run.service or "starttrace", "tags": []}

@@ -72,9 +72,10 @@ def to_readable_spans(
     trace_id = int(run.trace_id, 16)
     parent_of_root = run.meta.get("parent_span_id")
     result: list[ReadableSpan] = []
+    owners = run.root_owners()  # each node's root span goes with its own root process
     for span in run.root_spans:
         if only is None or span.span_id in only:
-            owner = run.root_owner(span)  # each node's root span goes with its own root process
+            owner = owners[span.span_id]
             root_resource = owner.resource if owner is not None else {"service.name": "starttrace"}
             result.append(
                 _readable(span, trace_id, Resource.create(_attributes(root_resource)), now_ns, parent_of_root)

@@ -150,7 +150,7 @@ def test_nodes_started_apart_share_one_run_folder_and_trace(
     for root in roots:
         own = run.process_span(root)
         assert own is not None and own.parent_id in {s.span_id for s in run.root_spans}
-        assert run.root_owner(next(s for s in run.root_spans if s.span_id == own.parent_id)) is root
+        assert run.root_owners()[own.parent_id] is root
     children = [p for p in run.processes if p not in roots]
     for child_process in children:
         parent = next(p for p in roots if p.pid == child_process.ppid)
