@@ -220,8 +220,9 @@ class _FreshBatches:
         offset = 0
         for (seq, trace, _, _), n in zip(unread, counts, strict=True):
             if n:
+                replaced = self._frames.pop(seq, None)  # a seq another writer reused
+                self._spans += n - (replaced[1].height if replaced else 0)
                 self._frames[seq] = (trace, frame.slice(offset, n))
-                self._spans += n
                 offset += n
         while self._spans > self.max_spans and self._frames:
             self._spans -= self._frames.pop(next(iter(self._frames)))[1].height
@@ -676,7 +677,6 @@ class Store:
                     )
                 conn.execute("COMMIT")
                 _acknowledge(batches)  # on disk now: the receiver answers while the rest goes on
-                self._fresh.add([int(q) for q in seqs], pending)
             except BaseException:
                 conn.execute("ROLLBACK")
                 self._lane_ids.clear()  # ids created by the rolled-back transaction
@@ -687,6 +687,9 @@ class Store:
             finally:
                 with self._queued_lock:
                     self._queued_spans = max(0, self._queued_spans - sum(b.span_count() for b in batches))
+            # committed: outside the transaction's rollback, but under the write lock, so that no
+            # delete (which empties the fresh tables) comes between the commit and this
+            self._fresh.add(seqs, pending)
         self._unchecked_spans += sum(stored.values()) + 1
         if self._thread is None and self._unchecked_spans >= CHECKPOINT_SPANS:
             self._checkpoint()  # no writer thread (synchronous use): checkpoint here
