@@ -275,8 +275,7 @@ class Run:
 
     def root_owners(self) -> dict[str, Process | None]:
         """The process each root span belongs to, by its span id: the one whose `process` span hangs
-        under it (each node of a multi-node run has its own root span), else the run's root process.
-        One filter of the table for every root."""
+        under it (each node of a multi-node run has its own root span), else the run's root process."""
         ids = [s.span_id for s in self.root_spans]
         under = self.spans.filter((pl.col("name") == "process") & pl.col("parent_id").is_in(ids))
         lanes = {p.instance_id: p for p in self.processes}

@@ -687,8 +687,7 @@ class Store:
             finally:
                 with self._queued_lock:
                     self._queued_spans = max(0, self._queued_spans - sum(b.span_count() for b in batches))
-            # committed: outside the transaction's rollback, but under the write lock, so that no
-            # delete (which empties the fresh tables) comes between the commit and this
+            # committed: outside the rollback, under the write lock (no delete comes in between)
             self._fresh.add(seqs, pending)
         self._unchecked_spans += sum(stored.values()) + 1
         if self._thread is None and self._unchecked_spans >= CHECKPOINT_SPANS:
