@@ -119,6 +119,7 @@ def run_facts(run: Run, model: RunModel) -> dict[str, Any]:
         "start_ns": int(model.t0),
         "status": model.status,
         "time_to_ready_s": None if ttr is None else round(ttr, 6),
+        "time_to_first_token_s": model.time_to_first_token_s,  # None: the run served no request
         "startup_s": round(model.startup_s, 6),
         "phases": {k: round(v, 6) for k, v in phases.items()},
         "role_phases": {k: round(v, 6) for k, v in role_phases.items()},
@@ -160,6 +161,9 @@ def fleet_answer(rows: Iterable[dict[str, Any]], by: str, slowest: int = SLOWEST
                 "runs": len(members),
                 "first_ns": min(int(m["start_ns"]) for m in members),
                 "time_to_ready_s": _q(ttr),
+                "time_to_first_token_s": _q(
+                    pl.Series([m.get("time_to_first_token_s") for m in members], dtype=pl.Float64())
+                ),
                 "phases": phases,
             }
         )
