@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from run_spans import spans_named
 
@@ -82,6 +83,7 @@ print(json.dumps(times))
 
 
 def _serve(tmp_path: Path, mode: str, lazy_seconds: float = 0.0) -> tuple[dict[str, Any], Run]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "lazy_module.py").write_text(f"import time\ntime.sleep({lazy_seconds})\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("STARTTRACE") and k.lower() != "traceparent"}
     env.update(STARTTRACE="1", STARTTRACE_DIR=str(tmp_path / "runs"))
@@ -156,3 +158,45 @@ def test_a_server_that_gets_no_request_is_unchanged(tmp_path: Path) -> None:
     assert run_facts(run, model)["time_to_first_token_s"] is None
     with pytest.raises(NoFirstToken, match="served no request"):
         build_model(run, until="first_token")
+
+
+def test_api_and_cli_end_at_the_first_token(tmp_path: Path) -> None:
+    from st_service_helpers import start_server
+
+    _times, served = _serve(tmp_path / "served", "request")
+    _times, idle = _serve(tmp_path / "idle", "health-only")
+    runs = tmp_path / "served" / "runs"
+    (idle_dir,) = (tmp_path / "idle" / "runs").iterdir()
+    idle_dir.rename(runs / idle_dir.name)
+    server = start_server(tmp_path, "--journal-dir", str(runs))
+    try:
+        base = f"{server.url}/startup/{served.run_id}?format=json"
+        default = httpx.get(base, timeout=60).json()
+        until = httpx.get(base + "&until=first_token", timeout=60).json()
+        assert default["until"] == "ready" and until["until"] == "first_token"
+        assert until["time_to_first_token_s"] == default["time_to_first_token_s"] is not None
+        assert sum(until["ready_by_phase"].values()) == pytest.approx(until["time_to_first_token_s"], abs=1e-3)
+        assert "first_request" in until["ready_by_phase"] and "first_request" not in default["ready_by_phase"]
+        bad = httpx.get(base + "&until=forever", timeout=60)
+        assert bad.status_code == 400 and "until must be" in bad.json()["error"]
+        none = httpx.get(f"{server.url}/startup/{idle.run_id}?format=json&until=first_token", timeout=60)
+        assert none.status_code == 404 and "served no request" in none.json()["error"]
+    finally:
+        server.stop()
+    cli = [sys.executable, "-m", "starttrace", "report", "--dir", str(runs)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STARTTRACE")}
+    out = subprocess.run(
+        [*cli, served.run_id, "--until", "first-token"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "time to first token" in out.stdout and "end at the first token" in out.stdout
+    refused = subprocess.run(
+        [*cli, idle.run_id, "--until", "first-token"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 2 and "served no request" in refused.stdout + refused.stderr
+    compare = [sys.executable, "-m", "starttrace", "compare", served.run_id, served.run_id, "--dir", str(runs)]
+    compared = subprocess.run(
+        [*compare, "--until", "first-token"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert compared.returncode == 0, compared.stderr
+    assert "time to first token" in compared.stdout and "time to first token by phase" in compared.stdout
