@@ -200,3 +200,16 @@ def test_api_and_cli_end_at_the_first_token(tmp_path: Path) -> None:
     )
     assert compared.returncode == 0, compared.stderr
     assert "time to first token" in compared.stdout and "time to first token by phase" in compared.stdout
+
+
+def test_demo_prints_the_time_to_first_token(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from starttrace.demo import _report
+
+    _times, run = _serve(tmp_path, "request")
+    console = Console(record=True, width=200)
+    assert _report(console, next((tmp_path / "runs").iterdir()), 12.5) == 0
+    text = console.export_text()
+    ttft = build_model(run).time_to_first_token_s
+    assert f"time to first token {ttft:.2f} s (the client had its answer 12.50 s after launch)" in text
