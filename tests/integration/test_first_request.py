@@ -177,6 +177,10 @@ def test_api_and_cli_end_at_the_first_token(tmp_path: Path) -> None:
         assert until["time_to_first_token_s"] == default["time_to_first_token_s"] is not None
         assert sum(until["ready_by_phase"].values()) == pytest.approx(until["time_to_first_token_s"], abs=1e-3)
         assert "first_request" in until["ready_by_phase"] and "first_request" not in default["ready_by_phase"]
+        page = httpx.get(f"{server.url}/startup/{served.run_id}?format=html", timeout=60).text
+        assert f'id="ttft-s">{default["time_to_first_token_s"]:.3f} s<' in page and "until=first_token" in page
+        idle_page = httpx.get(f"{server.url}/startup/{idle.run_id}?format=html", timeout=60).text
+        assert 'id="first-token"' not in idle_page
         bad = httpx.get(base + "&until=forever", timeout=60)
         assert bad.status_code == 400 and "until must be" in bad.json()["error"]
         none = httpx.get(f"{server.url}/startup/{idle.run_id}?format=json&until=first_token", timeout=60)

@@ -354,8 +354,13 @@ def _collective_wrapper(
     dist: "Any", original: "Callable[..., Any]", name: str, group_at: int, async_at: int, tensor_at: int
 ) -> "Callable[..., Any]":
     seen = _seen_groups
+    # a collective inside a model torch.compile traces (vLLM's TP all_reduce, fullgraph): Dynamo
+    # inlines this wrapper; the check folds to a constant there and it sees only the original
+    is_compiling = getattr(getattr(sys.modules.get("torch"), "compiler", None), "is_compiling", None)
 
     def collective(*args: "Any", **kwargs: "Any") -> "Any":
+        if is_compiling is not None and is_compiling():
+            return original(*args, **kwargs)
         if recorder._writer is None or len(seen) >= MAX_SYNC_GROUPS:
             return original(*args, **kwargs)
         group = args[group_at] if len(args) > group_at else kwargs.get("group")
