@@ -18,7 +18,7 @@ import polars as pl
 from starttrace.analysis.model import STRUCTURAL_PHASES, RunModel
 from starttrace.run import Run
 
-FACTS_VERSION = 1  # bump when the facts' definition changes: stores re-derive older rows
+FACTS_VERSION = 2  # 2: time_to_first_token_s. Bump when the facts' definition changes: stores re-derive older rows
 QUANTILES = (0.5, 0.95)
 SLOWEST = 10
 REGRESSION_MIN_S = 0.01  # a p50 that grew less than this is noise, not a regression
