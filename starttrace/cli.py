@@ -119,10 +119,26 @@ def _load_clickhouse(run: str | None, url: str) -> Run:
     return the_run
 
 
-def _model(run: Run) -> Any:
-    from starttrace.analysis.lanes import build_model
+def _model(run: Run, until: str = "ready") -> Any:
+    from starttrace.analysis.lanes import NoFirstToken, build_model
 
-    return build_model(run)
+    try:
+        return build_model(run, until=until)
+    except NoFirstToken as exc:
+        raise _fail(str(exc)) from None
+
+
+class Until(StrEnum):
+    """Where breakdowns and the critical path end (`--until`)."""
+
+    ready = "ready"
+    first_token = "first-token"
+
+
+UntilOption = Annotated[
+    Until,
+    typer.Option("--until", help="end breakdowns and the critical path at ready, or at the first token"),
+]
 
 
 @app.command()
@@ -282,10 +298,11 @@ def report(
         bool, typer.Option("--json", help="the waterfall model as JSON (what GET /startup returns)")
     ] = False,
     wide: WideOption = False,
+    until: UntilOption = Until.ready,
 ) -> None:
     """Per-process startup report of a run: findings, time to ready, phases, top imports."""
     the_run = _load(run_id, directory, clickhouse)
-    model = _model(the_run)
+    model = _model(the_run, until.value.replace("-", "_"))
     if as_json:
         from starttrace.views.json import to_json
 
@@ -304,12 +321,16 @@ def compare(
     clickhouse: ClickHouseOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="the comparison as JSON (what GET /compare returns)")] = False,
     wide: WideOption = False,
+    until: UntilOption = Until.ready,
 ) -> None:
     """Run A vs run B: per phase, per rank, per module; A's preload advice predicted vs realised in B."""
     from starttrace.analysis.compare import compare as compare_models
     from starttrace.views.terminal import render_compare
 
-    result = compare_models(_model(_load(run_a, directory, clickhouse)), _model(_load(run_b, directory, clickhouse)))
+    end = until.value.replace("-", "_")
+    result = compare_models(
+        _model(_load(run_a, directory, clickhouse), end), _model(_load(run_b, directory, clickhouse), end)
+    )
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
         return

@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from starttrace.analysis.fleet import FACTS_VERSION
+
 S = 1_000_000_000
 
 
@@ -40,7 +42,7 @@ def synthetic_facts(n: int, seed: int = 5) -> list[dict[str, Any]]:
                 "processes": 4,
                 "spans": 100,
                 "version": 100,
-                "facts_version": 1,
+                "facts_version": FACTS_VERSION,
             }
         )
     return out

@@ -50,7 +50,7 @@ def lane_windows(model: RunModel) -> pl.DataFrame:
 
 def set_breakdowns(model: RunModel) -> None:
     """Fill `lane.after_ready`, `lane.timeline` and `lane.breakdown` for every lane of the model."""
-    ready = model.ready_ns
+    ready = model.end_ns
     for lane in model.lanes:
         lane.after_ready = ready is not None and lane.start >= ready and lane.process_span is not None
         lane.breakdown = {}
@@ -86,7 +86,24 @@ def set_breakdowns(model: RunModel) -> None:
         )
         lane = model.lanes[lane_index]
         lane.timeline = sweep(spans, w_start, w_end)
+        if model.until == "first_token" and model.ready_ns is not None:
+            lane.timeline = _served_waits(lane.timeline, model.ready_ns)
         lane.breakdown = totals(lane.timeline)
+
+
+def _served_waits(segments: list[tuple[int, int, str]], ready: int) -> list[tuple[int, int, str]]:
+    """Until the first token: a ready server's time that no span explains is its wait for the
+    request (or for its part of it), `wait`, not `unexplained`."""
+    out: list[tuple[int, int, str]] = []
+    for start, end, label in segments:
+        if label != UNEXPLAINED or end <= ready:
+            _append(out, start, end, label)
+        elif start >= ready:
+            _append(out, start, end, WAIT)
+        else:
+            _append(out, start, ready, label)
+            _append(out, ready, end, WAIT)
+    return out
 
 
 def untraced_waits(model: RunModel) -> list[int]:

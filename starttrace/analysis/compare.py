@@ -87,6 +87,8 @@ def compare(a: RunModel, b: RunModel) -> Comparison:
 def _summary(a: RunModel, b: RunModel) -> dict[str, Any]:
     return {
         "startup_s": _pair(a.startup_s, b.startup_s),
+        "time_to_first_token_s": _pair(a.time_to_first_token_s, b.time_to_first_token_s),
+        "until": a.until,  # where both models' breakdowns and critical paths end (`--until`)
         "processes": {"a": len(a.lanes), "b": len(b.lanes), "delta": len(b.lanes) - len(a.lanes)},
         "spans": {"a": a.spans.height, "b": b.spans.height, "delta": b.spans.height - a.spans.height},
         "status": {"a": a.status, "b": b.status},

@@ -1,4 +1,5 @@
-"""The critical path: the chain of spans across processes that ends at the run's ready."""
+"""The critical path: the chain of spans across processes that ends at the run's ready (or at its
+first token: `RunModel.until`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from starttrace.analysis.breakdown import RENAMED, labels_between
+from starttrace.analysis.breakdown import RENAMED, WAIT, labels_between
 from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, PathStep, RunModel, SpanNode
 
 
@@ -44,6 +45,8 @@ def critical_path(model: RunModel, max_steps: int = 5000) -> list[PathStep]:
     gaps = _Gaps(model)
     entered: dict[int, int] = {}  # child lane -> the time the path last entered it from a wait
     waited_by: dict[int, int] = {}  # lane -> the lane whose span waited for it
+    if model.until == "first_token":
+        t = _into_open_request(model, steps_of, steps, lane_i, t)
     for _ in range(max_steps):
         chosen = _last_ended(per_lane[lane_i], model, t)
         back = waited_by.get(lane_i)
@@ -104,7 +107,15 @@ class _Gaps:
         if b <= a:
             return
         cover = self._innermost(lane_i, a, b)
-        if cover is None:
+        ready = self.model.ready_ns
+        if cover is None and self.model.until == "first_token" and ready is not None and b > ready:
+            # a ready server that no span explains waits for the request (analysis/breakdown.py)
+            if a < ready:
+                steps.append(PathStep(lane_i, "(waiting for a request)", WAIT, ready, b, "gap"))
+                steps.append(PathStep(lane_i, "(no span)", "unexplained", a, ready, "gap"))
+            else:
+                steps.append(PathStep(lane_i, "(waiting for a request)", WAIT, a, b, "gap"))
+        elif cover is None:
             steps.append(PathStep(lane_i, "(no span)", "unexplained", a, b, "gap"))
         else:
             steps.append(PathStep(lane_i, cover.name, RENAMED.get(cover.phase, cover.phase), a, b, "self"))
@@ -123,6 +134,30 @@ class _Gaps:
             parent = node.parent_node
             node = parent if parent is not None and parent.lane == lane_i else None
         return None
+
+
+def _into_open_request(model: RunModel, steps_of: _Steppable, steps: list[PathStep], lane_i: int, t: int) -> int:
+    """Ending at the first token: the request span that sent it is still open then (it ends with
+    the response). Its own time up to the token is the last step; the walk goes on from its last
+    child that ended before the token (else from its start). Returns where the walk goes on."""
+    token = model.matching(names=("first_token",)).filter(pl.col("start") == t)
+    if not token.height:
+        return t
+    node = model.node(int(token["idx"][0])).parent_node
+    for _ in range(MAX_UP):
+        if node is None or node.lane != lane_i or node.phase in STRUCTURAL_PHASES:
+            break
+        if node.start < t <= node.eff_end:
+            inner = steps_of.last_inner(node, t)
+            low = inner.eff_end if inner is not None else node.start
+            if t > low:
+                steps.append(PathStep(lane_i, node.name, node.phase, low, t, "self"))
+            return low
+        node = node.parent_node
+    return t
+
+
+MAX_UP = 100  # bounded walk up a span's ancestors (guards cycles)
 
 
 def _merged(steps: list[PathStep]) -> list[PathStep]:
@@ -220,10 +255,13 @@ def _starters(model: RunModel) -> dict[int, SpanNode]:
 
 
 def _target(model: RunModel) -> tuple[int, int]:
-    """Where the path ends: the run's `ready`, else the span that ended last."""
-    if model.ready_ns is not None:
-        ready = model.matching(names=("ready",)).filter(pl.col("start") == model.ready_ns)
-        return (int(ready["lane"][0]) if ready.height else 0), model.ready_ns
+    """Where the path ends: the run's `ready` (its first token: `model.until`), else the span that
+    ended last."""
+    end = model.end_ns
+    if end is not None:
+        name = "first_token" if model.until == "first_token" else "ready"
+        ready = model.matching(names=(name,)).filter(pl.col("start") == end)
+        return (int(ready["lane"][0]) if ready.height else 0), end
     last = model.spans.row(int(model.spans["eff_end"].arg_max() or 0), named=True)
     return last["lane"], last["eff_end"]
 

@@ -18,7 +18,7 @@ import polars as pl
 from starttrace.analysis.model import STRUCTURAL_PHASES, RunModel
 from starttrace.run import Run
 
-FACTS_VERSION = 1  # bump when the facts' definition changes: stores re-derive older rows
+FACTS_VERSION = 2  # 2: time_to_first_token_s. Bump when the facts' definition changes: stores re-derive older rows
 QUANTILES = (0.5, 0.95)
 SLOWEST = 10
 REGRESSION_MIN_S = 0.01  # a p50 that grew less than this is noise, not a regression
@@ -119,6 +119,7 @@ def run_facts(run: Run, model: RunModel) -> dict[str, Any]:
         "start_ns": int(model.t0),
         "status": model.status,
         "time_to_ready_s": None if ttr is None else round(ttr, 6),
+        "time_to_first_token_s": model.time_to_first_token_s,  # None: the run served no request
         "startup_s": round(model.startup_s, 6),
         "phases": {k: round(v, 6) for k, v in phases.items()},
         "role_phases": {k: round(v, 6) for k, v in role_phases.items()},
@@ -160,6 +161,9 @@ def fleet_answer(rows: Iterable[dict[str, Any]], by: str, slowest: int = SLOWEST
                 "runs": len(members),
                 "first_ns": min(int(m["start_ns"]) for m in members),
                 "time_to_ready_s": _q(ttr),
+                "time_to_first_token_s": _q(
+                    pl.Series([m.get("time_to_first_token_s") for m in members], dtype=pl.Float64())
+                ),
                 "phases": phases,
             }
         )

@@ -26,6 +26,7 @@ from starttrace.analysis.model import (
     ROLE_ORDER,
     STRUCTURAL_PHASES,
     TOP_HOTSPOTS,
+    UNTIL,
     Lane,
     RunModel,
     rank_slot,
@@ -41,10 +42,17 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = None) -> RunModel:
+class NoFirstToken(ValueError):
+    """`until="first_token"` asked of a run that served no request (no `first_token`)."""
+
+
+def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = None, until: str = "ready") -> RunModel:
     """The waterfall model of `run`; `now_ns` (default: now) is the effective end of open spans
     while the run is live; `stall_s` (default: STARTTRACE_STALL_S, else 60) when a span that is
-    still open makes a `stalled` finding."""
+    still open makes a `stalled` finding; `until` (UNTIL) where the lanes' windows, breakdowns and
+    the critical path end: the run's ready, or its first token (NoFirstToken when it has none)."""
+    if until not in UNTIL:
+        raise ValueError(f"until must be one of {', '.join(UNTIL)}, not {until!r}")
     now = time.time_ns() if now_ns is None else now_ns
     run = without_vllm_copies(run)  # vLLM's own OTLP copies of marks the journal holds
     lanes_by_id = {p.instance_id: _lane_of(p, run.service) for p in run.processes}
@@ -54,6 +62,9 @@ def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = Non
             lanes_by_id[lane_id] = _lane_of(Process(lane_id, 0, 0, None, {}, ""), run.service)
     frame = _linked(_resolved(frame))
     ready_ns = frame.select(pl.col("start").filter(pl.col("name") == "ready").min()).item()
+    first_token_ns = frame.select(pl.col("start").filter(pl.col("name") == "first_token").min()).item()
+    if until == "first_token" and first_token_ns is None:
+        raise NoFirstToken(f"run {run.run_id} served no request: it has no first token to end at")
     dead = dead_lanes(run, lanes_by_id)  # liveness from evidence (analysis/liveness.py)
     status = _status(ready_ns, frame, list(lanes_by_id.values()))
     if dead:
@@ -89,8 +100,10 @@ def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = Non
         version=run.version,
         updated_at=run.updated_at,
         source=run.source,
+        first_token_ns=first_token_ns,
+        until=until,
     )
-    _lane_facts(model, ready_ns)
+    _lane_facts(model, model.end_ns)
     model.phases = list(dict.fromkeys(ph for lane in ordered for ph in lane.phases))
     set_breakdowns(model)
     model.hotspots = import_hotspots(model)
@@ -376,8 +389,10 @@ def _lane_facts(model: RunModel, run_ready: int | None) -> None:
     work = ~model.array("structural")
     work[list(proc_of.values())] = False
     is_work = pl.lit(pl.Series(work))
+    # until the first token: each lane ends with its last span before it, the lane that sent it there
+    ends = ((), ("first_token",)) if model.until == "first_token" else (("ready",), ("ready",))
     own_ready = dict(
-        model.matching(("ready",), ("ready",))
+        model.matching(*ends)
         .filter(~pl.col("phase").is_in(STRUCTURAL_PHASES) & ~pl.col("idx").is_in(list(proc_of.values())))
         .group_by("lane")
         .agg(pl.col("start").min())
@@ -414,6 +429,8 @@ def _lane_facts(model: RunModel, run_ready: int | None) -> None:
             start, end = extent.get(i, (0, 0))
         if lane.ready_ns is not None and lane.ready_ns >= start:
             end = min(end, lane.ready_ns) if proc is not None and not proc.in_progress else lane.ready_ns
+            if model.until == "first_token" and i in own_ready:
+                end = lane.ready_ns  # the root's process span ends at ready: its window goes on to the token
         lane.start, lane.end = start, max(start, end)
         if proc is not None and proc.up is not None:
             launcher = model.node(proc.up)

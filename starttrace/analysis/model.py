@@ -53,7 +53,12 @@ NAME_PHASES = {
     "cuda.init": "cuda_init",
     "dist.init": "dist_init",
     "ready": "ready",
+    "first_token": "first_request",
+    "server.first_request": "first_request",
+    "tokenizer.load": "tokenizer",
 }
+# where a breakdown and a critical path end: the run's `ready` (default) or its first token
+UNTIL = ("ready", "first_token")
 
 # phases whose time is not "work" inside a lane
 STRUCTURAL_PHASES = ("process", "startup")  # a tuple: `select` takes it as it is
@@ -255,6 +260,9 @@ class RunModel:
     updated_at: float | None = None
     source: str | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)  # analysis.findings (docs/findings.md)
+    # the first response byte of the first served request (`first_token`, probes/first_request.py)
+    first_token_ns: int | None = None
+    until: str = "ready"  # UNTIL: where the lanes' windows, breakdowns and the critical path end
     _nodes: dict[int, SpanNode] = field(default_factory=dict, repr=False)
     _children: tuple[Any, Any] | None = field(default=None, repr=False)
     _arrays: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
@@ -269,6 +277,15 @@ class RunModel:
     def startup_s(self) -> float:
         end = self.ready_ns if self.ready_ns is not None else self.t_end
         return max(0, end - self.t0) / 1e9
+
+    @property
+    def end_ns(self) -> int | None:
+        """Where the breakdown and the critical path end: ready, or the first token (`until`)."""
+        return self.first_token_ns if self.until == "first_token" else self.ready_ns
+
+    @property
+    def time_to_first_token_s(self) -> float | None:
+        return None if self.first_token_ns is None else round(max(0, self.first_token_ns - self.t0) / 1e9, 6)
 
     def seconds(self, t: int | None) -> float | None:
         return None if t is None else round((t - self.t0) / 1e9, 6)

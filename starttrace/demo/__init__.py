@@ -121,6 +121,7 @@ def _run_demo(
         console.print(f"[green]vLLM answers /health after {ready_s:.1f} s[/green]")
         try:
             completion = complete(server, str(model), prompt="Hello, my name is", max_tokens=8)
+            answered_s = time.monotonic() - server.started
             text = completion["choices"][0]["text"]
             console.print(f"/v1/completions: {text!r} (random weights: the text is noise)")
         except Exception as exc:
@@ -134,7 +135,17 @@ def _run_demo(
     if run_dir is None:
         console.print(f"[red]no starttrace run found under {journal_root}: was tracing active? see {log_path}[/red]")
         return 1
-    return _report(console, run_dir)
+    return _report(console, run_dir, answered_s)
+
+
+def _print_first_token(console: Console, ttft_s: float | None, answered_s: float | None) -> None:
+    """The demo's last word on the first request: launch to its first token, as traced, beside
+    the client's own clock."""
+    if ttft_s is None:
+        console.print("[yellow]time to first token: not recorded (no first_token in the run)[/yellow]")
+        return
+    client = f" (the client had its answer {answered_s:.2f} s after launch)" if answered_s is not None else ""
+    console.print(f"[bold]time to first token {ttft_s:.2f} s[/bold]{client}")
 
 
 def _install_vllm(console: Console) -> bool:
@@ -235,7 +246,7 @@ def _find_run(log_path: Path, journal_root: Path) -> Path | None:
     return candidates[-1] if candidates else None
 
 
-def _report(console: Console, run_dir: Path) -> int:
+def _report(console: Console, run_dir: Path, answered_s: float | None = None) -> int:
     from starttrace.analysis.lanes import build_model
     from starttrace.sources.journal_reader import ReaderError, read_run
     from starttrace.views.terminal import render_report
@@ -245,7 +256,9 @@ def _report(console: Console, run_dir: Path) -> int:
     except ReaderError as exc:
         console.print(f"[red]cannot read the run: {exc}[/red]")
         return 1
-    render_report(build_model(run), console)
+    model = build_model(run)
+    render_report(model, console)
+    _print_first_token(console, model.time_to_first_token_s, answered_s)
     console.print(
         f"\nweb report: run [bold]starttrace serve[/bold], then open {SERVICE_URL.format(run_id=run.run_id)}"
         f"\nterminal:   starttrace report {run.run_id}"

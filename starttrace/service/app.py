@@ -469,10 +469,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 return not_found(run_id)
             return render("startup.html", run=data, phase_colors=PHASE_COLORS)
         every_span = request.query_params.get("spans") == "all"
+        until = request.query_params.get("until")
+        if until not in (None, "ready"):
+            return _startup_until(run_id, until, every_span)
         body = cache.json_bytes(run_id) if every_span else cache.first_bytes(run_id)
         if body is None:
             return not_found(run_id)
         return Response(body, media_type="application/json")
+
+    def _startup_until(run_id: str, until: str, every_span: bool) -> Response:
+        """`?until=first_token`: the model's breakdowns and critical path end at the first token
+        (built for this answer, not cached: the default model ends at ready)."""
+        from starttrace.analysis.lanes import NoFirstToken, build_model
+        from starttrace.views.json import to_json
+        from starttrace.views.startup_json import first_payload
+
+        if until != "first_token":
+            return JSONResponse({"error": "until must be ready or first_token"}, status_code=400)
+        run = cache.run(run_id)
+        if run is None:
+            return not_found(run_id)
+        try:
+            model = build_model(run, until=until)
+        except NoFirstToken as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        doc = to_json(model) if every_span else first_payload(model)
+        return Response(json.dumps(doc, separators=(",", ":"), default=str), media_type="application/json")
 
     @app.get("/startup")
     def startup_latest(request: Request) -> Response:

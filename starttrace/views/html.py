@@ -47,6 +47,8 @@ PHASE_COLORS = {
     "worker_init": "#a0cbe8",
     "device_init": "#fabfd2",
     "server_startup": "#79706e",
+    "tokenizer": "#ffbe7d",
+    "first_request": "#d37295",
     "idle": "#e8e8e8",
     "wait": "#c7c7c7",
     "unexplained": "#f0f0f0",

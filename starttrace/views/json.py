@@ -10,6 +10,7 @@ from typing import Any
 import polars as pl
 
 from starttrace.analysis.critical_path import path_by_lane, path_phases
+from starttrace.analysis.first_request import first_request_summary
 from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, RunModel, SpanNode
 from starttrace.analysis.nodes import node_rows
 from starttrace.run import MODULE_KEY, decode_attrs
@@ -47,6 +48,10 @@ def to_json(model: RunModel, include_spans: bool = True) -> dict[str, Any]:
         "duration_s": round((model.t_end - t0) / 1e9, 6),
         "startup_s": round(model.startup_s, 6),
         "ready_s": s(model.ready_ns),
+        # launch to the first response byte of the first served request (None: no request served)
+        "time_to_first_token_s": model.time_to_first_token_s,
+        "until": model.until,  # where the lanes' windows, breakdowns and the critical path end
+        "first_request": first_request_summary(model),
         "phases": model.phases,
         "problems": model.problems,
         "meta": model.meta,

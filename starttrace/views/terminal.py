@@ -22,6 +22,7 @@ from starttrace.analysis.compare import Comparison
 from starttrace.analysis.critical_path import path_by_lane, path_phases
 from starttrace.analysis.findings.compile import compile_facts
 from starttrace.analysis.findings.weights import weight_facts
+from starttrace.analysis.first_request import first_request_summary
 from starttrace.analysis.model import STRUCTURAL_PHASES, RunModel
 from starttrace.analysis.nodes import node_rows
 from starttrace.run import NOT_PYTHON
@@ -141,6 +142,7 @@ def render_findings(findings: list[dict[str, Any]], console: Console, title: str
 def render_report(model: RunModel, console: Console, wide: bool = False) -> None:
     """`starttrace report`: findings first, then processes, phases, open spans, imports, the path."""
     _report_head(model, console)
+    _first_token_line(model, console)
     render_findings(model.findings, console)
     _nodes(model, console, wide)
     _processes(model, console, wide)
@@ -171,6 +173,25 @@ def _report_head(model: RunModel, console: Console) -> None:
         console.print(
             Text(f"note: {sum(programs.values())} launched children are not Python processes, so not traced: {names}")
         )
+
+
+def _first_token_line(model: RunModel, console: Console) -> None:
+    """Time to first token (the first served request, analysis/first_request.py) and the lazy
+    work in it; with `--until first-token`, what the tables below end at."""
+    summary = first_request_summary(model)
+    if summary is None or summary["time_to_first_token_s"] is None:
+        if model.until == "first_token":
+            console.print("time to first token: - (no request served)", markup=False)
+        return
+    line = f"time to first token {summary['time_to_first_token_s']:.3f} s"
+    if summary["ready_to_request_s"] is not None:
+        line += f"  (request came {summary['ready_to_request_s']:.3f} s after ready"
+        line += f", {summary['request_s']:.3f} s to its first token)" if summary["request_s"] is not None else ")"
+    if summary["lazy"]:
+        line += "  lazy work in it: " + ", ".join(f"{k} {v:.3f} s" for k, v in summary["lazy"].items())
+    console.print(line, markup=False)
+    if model.until == "first_token":
+        console.print("breakdowns and the critical path below end at the first token (--until first-token)")
 
 
 _NOT_PYTHON = re.compile(rf"has no journal: {re.escape(NOT_PYTHON)} \((.+)\)$")
@@ -367,15 +388,28 @@ def render_compare(cmp: Comparison, console: Console, wide: bool = False) -> Non
     console.print(
         Text(f"startup {startup['a']:.3f} s -> {startup['b']:.3f} s ({startup['delta']:+.3f} s)", style="bold")
     )
+    _first_token_compare(cmp, console)
     for note in cmp.notes:
         console.print(Text(note))
     _preload_check(cmp, console, wide)
     _compile_check(cmp, console)
-    _delta_table(console, "time to ready by phase, along the critical path", cmp.ready_by_phase, wide)
+    until = "first token" if s.get("until") == "first_token" else "ready"
+    _delta_table(console, f"time to {until} by phase, along the critical path", cmp.ready_by_phase, wide)
     _delta_table(console, "exclusive breakdown, summed over processes", cmp.phases, wide)
     _compare_nodes(cmp, console, wide)
     _compare_ranks(cmp, console, wide)
     _compare_modules(cmp, console, wide)
+
+
+def _first_token_compare(cmp: Comparison, console: Console) -> None:
+    ttft = cmp.summary.get("time_to_first_token_s") or {}
+    if ttft.get("a") is None and ttft.get("b") is None:
+        return
+    a, b, delta = (
+        ("-" if v is None else f"{v:{fmt}}")
+        for v, fmt in ((ttft.get("a"), ".3f"), (ttft.get("b"), ".3f"), (ttft.get("delta"), "+.3f"))
+    )
+    console.print(f"time to first token {a} s -> {b} s ({delta} s)", markup=False)
 
 
 def _delta_table(console: Console, title: str, rows: list[dict[str, Any]], wide: bool) -> None:

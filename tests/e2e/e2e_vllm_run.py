@@ -14,6 +14,7 @@ PYTHONPROFILEIMPORTTIME=1 (each process's stderr split to `<pid>.err` by a sitec
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ class Served:
     command: list[str]
     run_dir: Path
     cache_root: Path  # VLLM_CACHE_ROOT and TORCHINDUCTOR_CACHE_DIR under it: empty before this start
+    answered_s: float = 0.0  # launch to the moment the client had the completion's answer
 
 
 VLLM_INIT_SPANS = {"EngineCoreProc init", "Worker init"}  # vLLM's own, sent by its exporter
@@ -89,7 +91,7 @@ def serve_traced(base: Path, receiver: Any) -> Served:
         traced=True,
         journal_root=journal_root,
         PYTHONPROFILEIMPORTTIME="1",
-        PYTHONPATH=str(site),
+        PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),  # this tree's starttrace, in every process
         STARTTRACE_TEST_SPLIT_STDERR=str(split),
         OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
         **compile_cache_env(base / "compile-cache"),
@@ -105,6 +107,7 @@ def serve_traced(base: Path, receiver: Any) -> Served:
             logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(split.glob("*.err")))
             raise AssertionError(f"{exc}\nper-process stderr:\n{logs}") from None
         completion = complete(server, model, max_tokens=5)
+        answered_s = time.monotonic() - server.started
         # vLLM's BatchSpanProcessor exports every 5 s: wait for the spans the tests look for, each
         # process's outermost init span included (it ends last, so it may come in a later batch
         # than the process's first spans)
@@ -120,7 +123,16 @@ def serve_traced(base: Path, receiver: Any) -> Served:
     runs = [p for p in journal_root.iterdir() if p.is_dir()]
     assert len(runs) == 1, runs
     return Served(
-        read_run(runs[0]), completion, ready_s, split, receiver.spans(), model, command, runs[0], base / "compile-cache"
+        read_run(runs[0]),
+        completion,
+        ready_s,
+        split,
+        receiver.spans(),
+        model,
+        command,
+        runs[0],
+        base / "compile-cache",
+        answered_s,
     )
 
 

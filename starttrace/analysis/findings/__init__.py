@@ -2,7 +2,8 @@
 seconds, text, action}` plus kind-specific keys (docs/findings.md).
 
 Kinds: `stalled` (live runs), `cuda_before_fork`, `unused_forkserver`, `preload`, `straggler`,
-`cold_compile`, `slow_weights`, `graph_capture`, `kv_profile`, and the multi-node ones.
+`cold_compile`, `slow_weights`, `graph_capture`, `kv_profile`, `lazy_first_request`, and the
+multi-node ones.
 Every view (JSON, page, terminal, `starttrace advise`) shows this same list, most severe first.
 """
 
@@ -14,6 +15,7 @@ from typing import Any
 from starttrace.analysis.findings.common import SEVERITIES
 from starttrace.analysis.findings.compile import cold_compile_findings
 from starttrace.analysis.findings.cuda import cuda_audit, cuda_findings
+from starttrace.analysis.findings.first_request import lazy_first_request_findings
 from starttrace.analysis.findings.forkservers import unused_forkserver_findings
 from starttrace.analysis.findings.graphs import graph_capture_findings
 from starttrace.analysis.findings.kv_profile import kv_profile_findings
@@ -50,6 +52,7 @@ def find_all(model: RunModel, stall_s: float | None = None) -> list[dict[str, An
         *slow_weights_findings(model),
         *graph_capture_findings(model),
         *kv_profile_findings(model),
+        *lazy_first_request_findings(model),
     ]
     rank = {sev: i for i, sev in enumerate(SEVERITIES)}
     found.sort(key=lambda f: (rank.get(f["severity"], 9), -(f["seconds"] or 0)))

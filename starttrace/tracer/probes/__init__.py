@@ -48,6 +48,14 @@ LAZY_PROBES: "dict[str, tuple[str, ...]]" = {
         "vllm.distributed.device_communicators.all_reduce_utils",
         "vllm.distributed.device_communicators.cuda_communicator",
         "vllm.distributed.device_communicators.cpu_communicator",
+        "vllm.entrypoints.openai.completion.serving",
+        "vllm.entrypoints.openai.chat_completion.serving",
+        "vllm.v1.engine.output_processor",
+        "vllm.v1.core.sched.scheduler",
+    ),
+    "starttrace.tracer.probes.tokenizer": (
+        "transformers.tokenization_utils_base",
+        "transformers.models.auto.tokenization_auto",
     ),
     "starttrace.tracer.probes.servers": ("uvicorn.server",),
 }
@@ -135,7 +143,7 @@ def _lazy_loader(name: str) -> "Any":
 def _import_unrecorded(name: str) -> "Any":
     """Import probe `name` (and the helpers it imports) past the import probe: starttrace's own
     modules are not the program's imports, whose spans this runs inside."""
-    for module in ("starttrace.tracer.probes._wrap", name):
+    for module in ("starttrace.tracer.probes._wrap", "starttrace.tracer.probes.first_request", name):
         import_unrecorded(module)
     return sys.modules[name]
 

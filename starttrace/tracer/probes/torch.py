@@ -354,8 +354,17 @@ def _collective_wrapper(
     dist: "Any", original: "Callable[..., Any]", name: str, group_at: int, async_at: int, tensor_at: int
 ) -> "Callable[..., Any]":
     seen = _seen_groups
+    # a collective inside a model torch.compile traces (vLLM's TP all_reduce, fullgraph): Dynamo
+    # inlines this wrapper; `torch.compiler.is_compiling()` folds to a constant there and it sees
+    # only the original. Looked up at the first call: torch imports torch.distributed (and this
+    # hook runs) before it has torch.compiler; the first collective (init's barrier) is eager.
+    compiling: list[Callable[[], bool]] = []
 
     def collective(*args: "Any", **kwargs: "Any") -> "Any":
+        if not compiling:
+            compiling.append(_compiling_check())
+        if compiling[0]():
+            return original(*args, **kwargs)
         if recorder._writer is None or len(seen) >= MAX_SYNC_GROUPS:
             return original(*args, **kwargs)
         group = args[group_at] if len(args) > group_at else kwargs.get("group")
@@ -374,6 +383,15 @@ def _collective_wrapper(
         return call_in_span(span_id, original, args, kwargs)
 
     return _mark(collective, original)
+
+
+def _compiling_check() -> "Callable[[], bool]":
+    check = getattr(getattr(sys.modules.get("torch"), "compiler", None), "is_compiling", None)
+    return check if callable(check) else _never
+
+
+def _never() -> bool:
+    return False
 
 
 def _begin_collective(dist: "Any", name: str, group: "Any", tensor: "Any") -> str:

@@ -17,6 +17,7 @@ import sys
 from _thread import get_ident
 
 from starttrace.tracer import lifecycle, recorder
+from starttrace.tracer.probes import first_request
 from starttrace.tracer.probes._wrap import (
     _CO_COROUTINE,
     _mark,
@@ -334,6 +335,8 @@ def _init_worker_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result
     class_name = f"{klass.__module__}.{klass.__qualname__}"
     for method, name, phase, after in WORKER_METHODS:
         wrap_attr(klass, method, f"{class_name}.{method}", name, phase, None, after)
+    for method, name in WORKER_FIRST_CALLS:
+        _patch_first(klass, method, f"{class_name}.{method}", lambda fn, n=name: first_request.first_call(fn, n))
     runner = getattr(worker, "model_runner", None)
     if runner is not None:
         _patch_model_runner(runner)
@@ -840,8 +843,92 @@ MODEL_RUNNER_METHODS: "tuple[tuple[str, str, str, Before | None, After | None], 
     ("_warmup_and_capture", "cuda_graphs.capture", "cuda_graphs", _capture_before, _capture_after),
 )
 
+
+# --------------------------------------------------------------------------------------------
+# the first request (phase first_request, probes/first_request.py): in the API server the parts of
+# the request the server probe opened (render = tokenize and process the input, engine = the wait
+# for the engine's first output, detokenize = the output processor's first pass); in the engine
+# core its first step with a request and the schedule inside; in each worker its first
+# execute_model and sample_tokens (WORKER_FIRST_CALLS), with what they compile or capture inside.
+
+STEP = "vllm.first_request.step"
+
+
+def _has_requests(args: "tuple[Any, ...]") -> bool:
+    core = args[0] if args else None
+    return bool(core.scheduler.has_requests())  # type: ignore[union-attr]
+
+
+def _in_first_step(args: "tuple[Any, ...]") -> bool:
+    return first_request.in_first_call(STEP)
+
+
+_FIRST_REQUEST: "dict[str, tuple[tuple[str, Callable[[Callable[..., Any]], Callable[..., Any]]], ...]]" = {
+    "vllm.entrypoints.openai.completion.serving": (
+        (
+            "OpenAIServingCompletion.render_completion_request",
+            lambda fn: first_request.first_part(fn, "vllm.first_request.render"),
+        ),
+    ),
+    "vllm.entrypoints.openai.chat_completion.serving": (
+        ("OpenAIServingChat.render_chat_request", lambda fn: first_request.first_part(fn, "vllm.first_request.render")),
+    ),
+    "vllm.v1.engine.async_llm": (
+        ("AsyncLLM.generate", lambda fn: first_request.first_item(fn, "vllm.first_request.engine")),
+    ),
+    "vllm.v1.engine.output_processor": (
+        (
+            "OutputProcessor.process_outputs",
+            lambda fn: first_request.first_part(fn, "vllm.first_request.detokenize"),
+        ),
+    ),
+    "vllm.v1.engine.core": (
+        ("EngineCore.step", lambda fn: first_request.first_call(fn, STEP, _has_requests)),
+        ("EngineCore.step_with_batch_queue", lambda fn: first_request.first_call(fn, STEP, _has_requests)),
+    ),
+    "vllm.v1.core.sched.scheduler": (
+        (
+            "Scheduler.schedule",
+            lambda fn: first_request.first_call(fn, "vllm.first_request.schedule", _in_first_step),
+        ),
+    ),
+}
+WORKER_FIRST_CALLS = (
+    ("execute_model", "vllm.first_request.execute_model"),
+    ("sample_tokens", "vllm.first_request.sample_tokens"),
+)
+
+
+def _patch_first(
+    owner: "Any", attr: str, label: str, make: "Callable[[Callable[..., Any]], Callable[..., Any]]"
+) -> None:
+    if raw_attr(owner, attr) is None:
+        note_missing(label)
+    elif patch(owner, attr, make):
+        note_attached(label)
+
+
+def _first_request_hook(rows: "tuple[tuple[str, Any], ...]") -> "Callable[[Any], None]":
+    def hook(module: "Any") -> None:
+        for path, make in rows:
+            try:
+                owner_name, attr = path.split(".")
+                owner = getattr(module, owner_name, None)
+                if owner is None:
+                    note_missing(f"{module.__name__}.{path}")
+                else:
+                    _patch_first(owner, attr, f"{module.__name__}.{path}", make)
+            except Exception as exc:
+                recorder.report(f"vllm probe {path} failed: {type(exc).__name__}: {exc}", key=f"vllm:{path}")
+        publish_probe_list()
+
+    hook.__qualname__ = f"vllm_first_request[{rows[0][0]}]"
+    return hook
+
+
 _HOOKS: "tuple[tuple[str, Callable[[Any], None]], ...]" = (
     ("vllm.tracing", _patch_tracing),
     *((module, _hook(rows)) for module, rows in _TABLES.items()),
     ("vllm.compilation.decorators", _patch_decorators),
+    *((module, _first_request_hook(rows)) for module, rows in _FIRST_REQUEST.items()),
 )

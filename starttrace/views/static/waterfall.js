@@ -10,7 +10,8 @@
     model_load: "#59a14f", compile: "#8cd17d", kv_cache: "#b6992d", cuda_graphs: "#499894",
     ready: "#2ca02c", other: "#bab0ac",
     api_server: "#86bcb6", config: "#d7b5a6", engine_init: "#9c755f", executor_init: "#f1ce63", worker_init: "#a0cbe8", device_init: "#fabfd2", server_startup: "#79706e", idle: "#e8e8e8",
-    wait: "#c7c7c7", unexplained: "#f0f0f0"
+    wait: "#c7c7c7", unexplained: "#f0f0f0",
+    tokenizer: "#ffbe7d", first_request: "#d37295"
   };
   var AXIS_H = 26, LANE_H = 26, ROW_H = 15, MAX_ROWS = 60;
   var F_PROGRESS = 1, F_INSTANT = 2, F_ERROR = 4;
