@@ -57,7 +57,7 @@ COMPILE_SPANS = ("compile.graph", "compile.aot_load")
 WEIGHT_SPANS = ("weights.load",)
 
 
-def start_kind(run: Run, model: RunModel) -> dict[str, str]:
+def start_kind(run: Run | None, model: RunModel) -> dict[str, str]:
     """The run's start kind: each of KIND_KEYS -> its value (docs/fleet.md)."""
     if not model.spans.height:
         return dict.fromkeys(KIND_KEYS, "none")
@@ -71,7 +71,7 @@ def start_kind(run: Run, model: RunModel) -> dict[str, str]:
     }
 
 
-def fingerprint(run: Run, model: RunModel) -> dict[str, str]:
+def fingerprint(run: Run | None, model: RunModel) -> dict[str, str]:
     """The run's hardware, software and configuration: `group.key` -> value, for what was recorded."""
     attrs = _fact_attrs(model) if model.spans.height else {}
     out: dict[str, str] = {}
@@ -81,7 +81,7 @@ def fingerprint(run: Run, model: RunModel) -> dict[str, str]:
             if value is not None:
                 out[f"{group}.{key}"] = _text(value)
     if "software.vllm" not in out:
-        version = _root_resource(run).get("service.version")
+        version = _root_resource(run, model).get("service.version")
         if model.service == "vllm" and version not in (None, ""):
             out["software.vllm"] = str(version)
     return out
@@ -162,9 +162,16 @@ def _fact_attrs(model: RunModel) -> dict[str, Any]:
     return out
 
 
-def _root_resource(run: Run) -> dict[str, Any]:
-    processes = sorted(run.processes, key=lambda p: p.resource.get("starttrace.start_method") != "root")
-    return dict(processes[0].resource) if processes else {}
+def _root_resource(run: Run | None, model: RunModel) -> dict[str, Any]:
+    """The root process's resource (the run's, else the model's lanes')."""
+    if run is not None:
+        resources = [p.resource for p in run.processes]
+        starts = [r.get("starttrace.start_method") for r in resources]
+    else:
+        resources = [lane.resource for lane in model.lanes]
+        starts = [lane.start_method for lane in model.lanes]
+    ranked = sorted(zip(starts, resources, strict=True), key=lambda item: item[0] != "root")
+    return dict(ranked[0][1]) if ranked else {}
 
 
 def _text(value: Any) -> str:

@@ -369,6 +369,7 @@ def render_compare(cmp: Comparison, console: Console, wide: bool = False) -> Non
     )
     for note in cmp.notes:
         console.print(Text(note))
+    render_causes(cmp, console, wide)
     _preload_check(cmp, console, wide)
     _compile_check(cmp, console)
     _delta_table(console, "time to ready by phase, along the critical path", cmp.ready_by_phase, wide)
@@ -376,6 +377,22 @@ def render_compare(cmp: Comparison, console: Console, wide: bool = False) -> Non
     _compare_nodes(cmp, console, wide)
     _compare_ranks(cmp, console, wide)
     _compare_modules(cmp, console, wide)
+
+
+def render_causes(cmp: Comparison, console: Console, wide: bool = False) -> None:
+    """Why time to ready changed: the causes, ranked (analysis/causes.py), and the unexplained rest."""
+    if not cmp.causes:
+        return
+    cols = [Col("cause", flex=True), Col("A", flex=True), Col("B", flex=True), Col("seconds", "right")]
+    for c in cmp.causes:
+        seconds = "(not one phase)" if c["seconds"] is None else _signed(c["seconds"])
+        was, now = ("" if v is None else str(v) for v in (c["from"], c["to"]))
+        _row(cols, c["key"], was, now, seconds)
+        for d in c.get("detail", [])[:3]:
+            _row(cols, f"  {d['key']}", _s(d["from"]), _s(d["to"]), f"({_signed(d['seconds'])})")
+    if cmp.unexplained_s is not None:
+        _row(cols, "unexplained", "", "", _signed(cmp.unexplained_s))
+    _table(console, "why time to ready changed (causes, along the critical path)", cols, wide)
 
 
 def _delta_table(console: Console, title: str, rows: list[dict[str, Any]], wide: bool) -> None:
