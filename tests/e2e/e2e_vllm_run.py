@@ -14,6 +14,7 @@ PYTHONPROFILEIMPORTTIME=1 (each process's stderr split to `<pid>.err` by a sitec
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ def serve_traced(base: Path, receiver: Any) -> Served:
         traced=True,
         journal_root=journal_root,
         PYTHONPROFILEIMPORTTIME="1",
-        PYTHONPATH=str(site),
+        PYTHONPATH=os.pathsep.join([str(site), str(REPO)]),  # this tree's starttrace, not the venv's install
         STARTTRACE_TEST_SPLIT_STDERR=str(split),
         OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
         **compile_cache_env(base / "compile-cache"),

@@ -140,3 +140,25 @@ def test_gate() -> None:
     other_tp = gate(base, one_start("tp4", tp=4), 5)
     assert other_tp.code == GATE_UNLIKE and "fingerprint.config.tp: 2 -> 4" in other_tp.message
     assert gate(base, one_start("new", vllm="0.33.0"), 5).code == GATE_PASS  # software is what CI gates
+
+
+def test_causes_in_the_text_report_and_on_the_compare_page() -> None:
+    import io
+
+    from rich.console import Console
+
+    from starttrace.views.html import environment, render_page
+    from starttrace.views.terminal import render_compare
+
+    cold = one_start("cold<b>", compile_s=30.0)
+    warm = one_start("warm", compile_s=3.0, cache=("hit", "hit"))
+    cmp = compare(cold, warm)
+    out = io.StringIO()
+    render_compare(cmp, Console(file=out, width=140, color_system=None))
+    text = out.getvalue()
+    assert "why time to ready changed" in text
+    line = next(ln for ln in text.splitlines() if "kind.compile_cache" in ln)
+    assert "cold" in line and "warm" in line and "-27.000" in line
+    page = render_page(environment(), "compare.html", cmp=cmp.to_json())
+    assert 'id="cmp-causes"' in page and "kind.compile_cache" in page
+    assert "cold<b>" not in page and "cold&lt;b&gt;" in page  # span data escaped

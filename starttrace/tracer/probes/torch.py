@@ -358,8 +358,13 @@ def _collective_wrapper(
     dist: "Any", original: "Callable[..., Any]", name: str, group_at: int, async_at: int, tensor_at: int
 ) -> "Callable[..., Any]":
     seen = _seen_groups
+    # inside a torch.compile'd graph (vLLM's TP all_reduce in the model's forward) Dynamo traces this
+    # wrapper and fails on the span's bookkeeping: it must see the original alone (folds to True there)
+    is_compiling = getattr(sys.modules.get("torch.compiler"), "is_compiling", None)
 
     def collective(*args: "Any", **kwargs: "Any") -> "Any":
+        if is_compiling is not None and is_compiling():
+            return original(*args, **kwargs)
         if recorder._writer is None or len(seen) >= MAX_SYNC_GROUPS:
             return original(*args, **kwargs)
         group = args[group_at] if len(args) > group_at else kwargs.get("group")
