@@ -359,11 +359,13 @@ def _collective_wrapper(
 ) -> "Callable[..., Any]":
     seen = _seen_groups
     # inside a torch.compile'd graph (vLLM's TP all_reduce in the model's forward) Dynamo traces this
-    # wrapper and fails on the span's bookkeeping: it must see the original alone (folds to True there)
-    is_compiling = getattr(sys.modules.get("torch.compiler"), "is_compiling", None)
+    # wrapper and fails on the span's bookkeeping: it must see the original alone. `torch.compiler` is
+    # read at call time (torch imports it after torch.distributed); Dynamo folds is_compiling() to True
+    torch_module = sys.modules.get("torch")
 
     def collective(*args: "Any", **kwargs: "Any") -> "Any":
-        if is_compiling is not None and is_compiling():
+        compiler = getattr(torch_module, "compiler", None)
+        if compiler is not None and compiler.is_compiling():
             return original(*args, **kwargs)
         if recorder._writer is None or len(seen) >= MAX_SYNC_GROUPS:
             return original(*args, **kwargs)
