@@ -216,7 +216,7 @@ def _fingerprint_attrs(config: "Any") -> "Attrs":
     reads = (
         ("vllm.dtype", lambda: str(config.model_config.dtype)),
         ("vllm.max_model_len", lambda: int(config.model_config.max_model_len)),
-        ("vllm.compile_mode", lambda: str(config.compilation_config.mode)),
+        ("vllm.compile_mode", lambda: _enum_name(config.compilation_config.mode)),
         (
             "vllm.cudagraph_sizes",
             lambda: ",".join(str(int(n)) for n in config.compilation_config.cudagraph_capture_sizes or ()),
@@ -235,6 +235,11 @@ def _fingerprint_attrs(config: "Any") -> "Attrs":
         if value not in (None, ""):
             attrs[key] = value
     return attrs
+
+
+def _enum_name(value: "Any") -> str:
+    """`VLLM_COMPILE` for vLLM's CompilationMode (an IntEnum: str() gives its number)."""
+    return "" if value is None else str(getattr(value, "name", None) or value)
 
 
 def _cpu_model() -> "str | None":
