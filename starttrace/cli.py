@@ -1,7 +1,8 @@
 """`starttrace`: run a traced command, list runs, report, export, compare, fleet, serve, demo.
 
 Exit codes: the traced command's own for `run`; 2 for a bad request (unknown run id, empty or
-corrupt journal, bad option); 1 for a failure on the way (an export the endpoint refused).
+corrupt journal, bad option); 1 for a failure on the way (an export the endpoint refused). The
+gate `compare --max-regression`: 1 for a regression, 3 for starts of unlike kind (docs/fleet.md).
 """
 
 from __future__ import annotations
