@@ -1,7 +1,8 @@
 """`starttrace`: run a traced command, list runs, report, export, compare, fleet, serve, demo.
 
 Exit codes: the traced command's own for `run`; 2 for a bad request (unknown run id, empty or
-corrupt journal, bad option); 1 for a failure on the way (an export the endpoint refused).
+corrupt journal, bad option); 1 for a failure on the way (an export the endpoint refused). The
+gate `compare --max-regression`: 1 for a regression, 3 for starts of unlike kind (docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -321,20 +322,45 @@ def compare(
     clickhouse: ClickHouseOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="the comparison as JSON (what GET /compare returns)")] = False,
     wide: WideOption = False,
+    max_regression: Annotated[
+        float | None,
+        typer.Option(
+            "--max-regression",
+            metavar="PCT",
+            help="CI gate: exit 1 when B's time to ready is more than PCT % slower than A's (like with like);"
+            " starts of unlike start kind, configuration or hardware are refused with exit 3",
+        ),
+    ] = None,
+    allow_unlike: Annotated[
+        bool, typer.Option("--allow-unlike", help="with --max-regression: gate unlike starts too")
+    ] = False,
     until: UntilOption = Until.ready,
 ) -> None:
-    """Run A vs run B: per phase, per rank, per module; A's preload advice predicted vs realised in B."""
+    """Run A vs run B: why time to ready changed (causes), per phase, per rank, per module; A's
+    preload advice predicted vs realised in B. With --max-regression: a gate for CI (docs/fleet.md)."""
     from starttrace.analysis.compare import compare as compare_models
     from starttrace.views.terminal import render_compare
 
     end = until.value.replace("-", "_")
-    result = compare_models(
-        _model(_load(run_a, directory, clickhouse), end), _model(_load(run_b, directory, clickhouse), end)
-    )
+    model_a = _model(_load(run_a, directory, clickhouse), end)
+    model_b = _model(_load(run_b, directory, clickhouse), end)
+    verdict = None
+    if max_regression is not None:
+        from starttrace.analysis.causes import GATE_UNLIKE, gate
+
+        verdict = gate(model_a, model_b, max_regression, allow_unlike)
+        if verdict.code == GATE_UNLIKE:
+            sys.stderr.write(f"starttrace compare: {verdict.message}\n")
+            raise typer.Exit(verdict.code)
+    result = compare_models(model_a, model_b)
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
-        return
-    render_compare(result, console, wide=wide)
+    else:
+        render_compare(result, console, wide=wide)
+    if verdict is not None:
+        sys.stdout.flush()
+        sys.stderr.write(f"starttrace compare: {verdict.message}\n")  # one line, never wrapped
+        raise typer.Exit(verdict.code)
 
 
 @app.command()

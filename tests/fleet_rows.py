@@ -46,3 +46,56 @@ def synthetic_facts(n: int, seed: int = 5) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def held_out_fleet(n: int = 1000, seed: int = 11) -> list[dict[str, Any]]:
+    """Facts rows of `n` vLLM starts: 0.32.0 with 20 % cold-compile-cache starts, then 0.33.0 with
+    80 %. Within each kind the compile time is the same in both versions (cold ~40 s, warm ~3 s);
+    0.33.0's model_load is 5 s slower. The cold share of each version is exact (every fifth run)."""
+    rng = random.Random(seed)
+    out = []
+    half = n // 2
+    for i in range(n):
+        version = "0.32.0" if i < half else "0.33.0"
+        slot = i % 5  # 0.32.0: slot 0 cold (1 in 5); 0.33.0: slots 0-3 cold (4 in 5)
+        cold = slot == 0 if version == "0.32.0" else slot < 4
+        compile_s = rng.uniform(38, 42) if cold else rng.uniform(2.5, 3.5)
+        load = rng.uniform(9, 11) + (5.0 if version == "0.33.0" else 0.0)
+        imp = rng.uniform(18, 22)
+        ttr = round(imp + compile_s + load + rng.uniform(1, 2), 6)
+        kind = {
+            "compile_cache": "cold" if cold else "warm",
+            "page_cache": "warm",
+            "weights_source": "local",
+            "weights_fs": "ext4",
+            "plan_cache": "none",
+        }
+        out.append(
+            {
+                "run_id": f"held-{i:05d}",
+                "trace_id": f"{i + 1:032x}",
+                "service": "vllm",
+                "start_ns": (1_760_000_000 + (0 if version == "0.32.0" else 86400 * 30) + i * 60) * S,
+                "status": "ready",
+                "time_to_ready_s": ttr,
+                "startup_s": ttr,
+                "phases": {"import": round(imp, 6), "compile": round(compile_s, 6), "model_load": round(load, 6)},
+                "role_phases": {"worker/model_load": round(load, 6), "worker/compile": round(compile_s, 6)},
+                "findings": {"cold_compile": round(compile_s, 6)} if cold else {},
+                "identity": {
+                    "service.name": "vllm",
+                    "service.version": version,
+                    "vllm.model": "Qwen/Qwen3-0.6B",
+                    "vllm.tensor_parallel_size": "2",
+                    "host.name": f"node{i % 8}",
+                    **{f"kind.{k}": v for k, v in kind.items()},
+                },
+                "kind": kind,
+                "fingerprint": {"software.vllm": version, "config.tp": "2", "hardware.cpu.count": "32"},
+                "processes": 5,
+                "spans": 4000,
+                "version": 1,
+                "facts_version": 2,
+            }
+        )
+    return out

@@ -29,6 +29,10 @@ class Comparison:
     nodes: list[dict[str, Any]] = field(default_factory=list)  # per node, runs of several hosts (analysis/nodes.py)
     ready_by_phase: list[dict[str, Any]] = field(default_factory=list)  # time to ready by phase (critical path)
     compile_checks: list[dict[str, Any]] = field(default_factory=list)  # cold_compile: predicted vs realised
+    # why time to ready changed, ranked (analysis/causes.py): [{key, from, to, seconds}], the rest unexplained
+    causes: list[dict[str, Any]] = field(default_factory=list)
+    unexplained_s: float | None = None
+    start_kinds: dict[str, Any] = field(default_factory=dict)  # {"a": kind, "b": kind, "fingerprint": {a, b}}
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,7 +85,19 @@ def compare(a: RunModel, b: RunModel) -> Comparison:
         nodes=compare_nodes(a, b),
         ready_by_phase=_deltas(path_phases(a), path_phases(b)),
         compile_checks=compile_checks(a, b),
+        **_causes(a, b),
     )
+
+
+def _causes(a: RunModel, b: RunModel) -> dict[str, Any]:
+    from starttrace.analysis.causes import causes
+
+    found = causes(a, b)
+    return {
+        "causes": found["causes"],
+        "unexplained_s": found["unexplained_s"],
+        "start_kinds": {**found["kind"], "fingerprint": found["fingerprint"]},
+    }
 
 
 def _summary(a: RunModel, b: RunModel) -> dict[str, Any]:

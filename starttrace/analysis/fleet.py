@@ -1,10 +1,12 @@
 """Fleet facts: what one run contributes to fleet questions, and the fleet answer over many runs.
 
 `run_facts(run, model)` derives a run's facts once (pure): time to ready, each phase's seconds (the
-slowest process), per role too, the findings' seconds, and the run's identity (service, version,
-vLLM model and TP/PP/DP, nodes, hosts, image). `fleet_answer(rows, by)` answers `GET /fleet` from
-facts rows; over ClickHouse the groups come from SQL, and both go through `regressions` and `answer`
-so the two give one shape (docs/fleet.md). Quantiles interpolate linearly, as ClickHouse's do.
+slowest process), per role too, the findings' seconds, the run's identity (service, version,
+vLLM model and TP/PP/DP, nodes, hosts, image), its start kind and fingerprint (start_kind.py).
+`fleet_answer(rows, by)` answers `GET /fleet` from facts rows: groups (and within each, its start
+kinds), the slowest runs, regressions like with like (per start kind) and the change of the kinds'
+`mix`; over ClickHouse the groups come from SQL, and both go through `regressions` and `answer` so
+the two give one shape (docs/fleet.md). Quantiles interpolate linearly, as ClickHouse's do.
 """
 
 from __future__ import annotations
@@ -12,16 +14,20 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import quote
 
 import polars as pl
 
 from starttrace.analysis.model import STRUCTURAL_PHASES, RunModel
+from starttrace.analysis.start_kind import KIND_KEYS, fingerprint, kind_label, kind_of, start_kind
 from starttrace.run import Run
 
-FACTS_VERSION = 2  # 2: time_to_first_token_s. Bump when the facts' definition changes: stores re-derive older rows
+FACTS_VERSION = 2  # 2: kind, fingerprint, time_to_first_token_s. Bump on a change: stores re-derive older rows
 QUANTILES = (0.5, 0.95)
 SLOWEST = 10
 REGRESSION_MIN_S = 0.01  # a p50 that grew less than this is noise, not a regression
+REGRESSION_MIN_SHARE = 0.03  # nor one that grew less than this share of its value before
+MIX_MIN_SHARE = 0.05  # a kind's share that changed less than this between groups is not reported
 
 # what `by` may name beside the identity keys themselves
 ALIASES = {
@@ -68,6 +74,11 @@ def _identity(run: Run, model: RunModel) -> dict[str, str]:
         tag = out.get("container.image.tag")
         out["container.image"] = f"{image}:{tag}" if tag else image
     out.update(_span_identity(run))
+    for key in SPAN_KEYS:  # foreign exporters put vLLM's config on the resource
+        if key not in out:
+            value = next((p.resource.get(key) for p in processes if p.resource.get(key) not in (None, "")), None)
+            if value is not None:
+                out[key] = str(value)
     return out
 
 
@@ -112,6 +123,9 @@ def run_facts(run: Run, model: RunModel) -> dict[str, Any]:
         secs = f.get("seconds")
         findings[kind] = findings.get(kind, 0.0) + (float(secs) if isinstance(secs, (int, float)) else 0.0)
     ttr = None if model.ready_ns is None else max(0, model.ready_ns - model.t0) / 1e9
+    kind = start_kind(run, model)
+    identity = _identity(run, model)
+    identity.update({f"kind.{k}": v for k, v in kind.items()})  # `by=kind.compile_cache` on every store
     return {
         "run_id": model.run_id,
         "trace_id": model.trace_id or run.trace_id or "",
@@ -124,7 +138,9 @@ def run_facts(run: Run, model: RunModel) -> dict[str, Any]:
         "phases": {k: round(v, 6) for k, v in phases.items()},
         "role_phases": {k: round(v, 6) for k, v in role_phases.items()},
         "findings": {k: round(v, 6) for k, v in findings.items()},
-        "identity": _identity(run, model),
+        "identity": identity,
+        "kind": kind,
+        "fingerprint": fingerprint(run, model),
         "processes": len(model.lanes),
         "spans": run.span_count(),
         "version": run.version,
@@ -143,30 +159,54 @@ def _q(values: pl.Series) -> dict[str, float | None]:
     return {f"p{round(q * 100)}": round(float(values.quantile(q, "linear")), 6) for q in QUANTILES}  # type: ignore[arg-type]
 
 
+def _group_stats(members: list[dict[str, Any]]) -> dict[str, Any]:
+    """Runs, time to ready's, time to first token's and each phase's quantiles of some facts rows."""
+    ttr = pl.Series([m["time_to_ready_s"] for m in members], dtype=pl.Float64())
+    phase_names = sorted({p for m in members for p in m["phases"]})
+    phases = {p: _q(pl.Series([m["phases"].get(p) for m in members], dtype=pl.Float64())) for p in phase_names}
+    ttft = pl.Series([m.get("time_to_first_token_s") for m in members], dtype=pl.Float64())
+    return {"runs": len(members), "time_to_ready_s": _q(ttr), "time_to_first_token_s": _q(ttft), "phases": phases}
+
+
+def _kinds(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The group's start kinds, most runs first: each with its share of the group and its quantiles."""
+    by_kind: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for m in members:
+        by_kind.setdefault(tuple(kind_of(m).values()), []).append(m)
+    out = []
+    for values, part in by_kind.items():
+        kind = dict(zip(KIND_KEYS, values, strict=True))
+        stats = _group_stats(part)
+        out.append({"kind": kind, "label": kind_label(kind), "share": round(len(part) / len(members), 6), **stats})
+    out.sort(key=lambda k: (-k["runs"], k["label"]))
+    return out
+
+
+def group_value(facts: dict[str, Any], key: str) -> str:
+    """A facts row's value of `key`: an identity key, `kind.<key>` or `fingerprint.<key>`."""
+    if key.startswith("kind.") and key[5:] in KIND_KEYS:
+        return kind_of(facts)[key[5:]]
+    if key.startswith("fingerprint."):
+        return str((facts.get("fingerprint") or {}).get(key[12:], ""))
+    return str(facts["identity"].get(key, ""))
+
+
 def fleet_answer(rows: Iterable[dict[str, Any]], by: str, slowest: int = SLOWEST) -> dict[str, Any]:
     """The fleet answer from facts rows (as `run_facts` gives them), grouped by identity key `by`."""
     key = by_key(by)
     facts = list(rows)
     grouped: dict[str, list[dict[str, Any]]] = {}
     for f in facts:
-        grouped.setdefault(str(f["identity"].get(key, "")), []).append(f)
-    groups = []
-    for value, members in grouped.items():
-        ttr = pl.Series([m["time_to_ready_s"] for m in members], dtype=pl.Float64())
-        phase_names = sorted({p for m in members for p in m["phases"]})
-        phases = {p: _q(pl.Series([m["phases"].get(p) for m in members], dtype=pl.Float64())) for p in phase_names}
-        groups.append(
-            {
-                "value": value,
-                "runs": len(members),
-                "first_ns": min(int(m["start_ns"]) for m in members),
-                "time_to_ready_s": _q(ttr),
-                "time_to_first_token_s": _q(
-                    pl.Series([m.get("time_to_first_token_s") for m in members], dtype=pl.Float64())
-                ),
-                "phases": phases,
-            }
-        )
+        grouped.setdefault(group_value(f, key), []).append(f)
+    groups = [
+        {
+            "value": value,
+            "first_ns": min(int(m["start_ns"]) for m in members),
+            **_group_stats(members),
+            "kinds": _kinds(members),
+        }
+        for value, members in grouped.items()
+    ]
     ranked = sorted(
         (f for f in facts if f["time_to_ready_s"] is not None), key=lambda f: f["time_to_ready_s"], reverse=True
     )
@@ -174,38 +214,88 @@ def fleet_answer(rows: Iterable[dict[str, Any]], by: str, slowest: int = SLOWEST
         {
             "run_id": f["run_id"],
             "service": f["service"],
-            "value": str(f["identity"].get(key, "")),
+            "value": group_value(f, key),
             "time_to_ready_s": f["time_to_ready_s"],
             "start_ns": int(f["start_ns"]),
+            "kind": kind_of(f),
         }
         for f in ranked[:slowest]
     ]
     return answer(by, key, groups, top, len(facts))
 
 
+def _ordered(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted((g for g in groups if g["value"]), key=lambda g: (g["first_ns"], g["value"]))
+
+
 def regressions(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Phases whose p50 grew from one version to the next (versions in first-seen order)."""
-    ordered = sorted((g for g in groups if g["value"]), key=lambda g: (g["first_ns"], g["value"]))
+    """Phases whose p50 grew from one version to the next (versions in first-seen order), like with
+    like: within each start kind both versions have (`kind`). Groups without kinds (over ClickHouse's
+    SQL groups) compare as one kind, `{}`."""
     out = []
-    for before, after in itertools.pairwise(ordered):
-        for phase, q in after["phases"].items():
-            old = before["phases"].get(phase, {}).get("p50")
-            new = q.get("p50")
-            if old is None or new is None:
+    for before, after in itertools.pairwise(_ordered(groups)):
+        kinds_before = {k["label"]: k for k in before.get("kinds", [])} or {"": {"kind": {}, **before}}
+        kinds_after = {k["label"]: k for k in after.get("kinds", [])} or {"": {"kind": {}, **after}}
+        for label, old_kind in kinds_before.items():
+            new_kind = kinds_after.get(label)
+            if new_kind is None:
                 continue
-            delta = new - old
-            if delta >= REGRESSION_MIN_S:
-                out.append(
-                    {
-                        "phase": phase,
-                        "from": before["value"],
-                        "to": after["value"],
-                        "p50_delta_s": round(delta, 6),
-                        "from_p50_s": old,
-                        "to_p50_s": new,
-                    }
-                )
-    out.sort(key=lambda r: r["p50_delta_s"], reverse=True)
+            for phase, q in new_kind["phases"].items():
+                old = old_kind["phases"].get(phase, {}).get("p50")
+                new = q.get("p50")
+                if old is None or new is None:
+                    continue
+                delta = new - old
+                if delta >= max(REGRESSION_MIN_S, REGRESSION_MIN_SHARE * old):
+                    out.append(
+                        {
+                            "phase": phase,
+                            "from": before["value"],
+                            "to": after["value"],
+                            "kind": new_kind["kind"],
+                            "p50_delta_s": round(delta, 6),
+                            "from_p50_s": old,
+                            "to_p50_s": new,
+                            "runs_from": old_kind.get("runs"),
+                            "runs_to": new_kind.get("runs"),
+                        }
+                    )
+    out.sort(key=lambda r: (-r["p50_delta_s"], r["phase"], kind_label(r["kind"])))
+    return out
+
+
+def mix(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Start-kind shares that changed from one version to the next by MIX_MIN_SHARE or more: per kind
+    key and value (`compile_cache` = `cold`), its share of the runs before and after."""
+    out = []
+    for before, after in itertools.pairwise(_ordered(groups)):
+        if not before.get("kinds") or not after.get("kinds"):
+            continue
+        for key in KIND_KEYS:
+            share_before = _shares(before["kinds"], key)
+            share_after = _shares(after["kinds"], key)
+            for value in sorted(set(share_before) | set(share_after)):
+                a, b = share_before.get(value, 0.0), share_after.get(value, 0.0)
+                if abs(b - a) >= MIX_MIN_SHARE:
+                    out.append(
+                        {
+                            "from": before["value"],
+                            "to": after["value"],
+                            "key": key,
+                            "value": value,
+                            "share_from": round(a, 6),
+                            "share_to": round(b, 6),
+                        }
+                    )
+    out.sort(key=lambda m: (-abs(m["share_to"] - m["share_from"]), m["key"], m["value"]))
+    return out
+
+
+def _shares(kinds: list[dict[str, Any]], key: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k in kinds:
+        value = k["kind"].get(key, "unknown")
+        out[value] = out.get(value, 0.0) + k["share"]
     return out
 
 
@@ -216,12 +306,14 @@ def answer(by: str, key: str, groups: list[dict[str, Any]], slowest: list[dict[s
     else:
         groups = sorted(groups, key=lambda g: (-g["runs"], g["value"]))
     for row in slowest:
-        row["url"] = f"/startup/{row['run_id']}"
+        row["url"] = f"/startup/{quote(str(row['run_id']), safe='')}"
+    ordered = key == "service.version"
     return {
         "by": by,
         "key": key,
         "runs": runs,
         "groups": groups,
         "slowest": slowest,
-        "regressions": regressions(groups) if key == "service.version" else [],
+        "regressions": regressions(groups) if ordered else [],
+        "mix": mix(groups) if ordered else [],
     }

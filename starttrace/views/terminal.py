@@ -391,6 +391,7 @@ def render_compare(cmp: Comparison, console: Console, wide: bool = False) -> Non
     _first_token_compare(cmp, console)
     for note in cmp.notes:
         console.print(Text(note))
+    render_causes(cmp, console, wide)
     _preload_check(cmp, console, wide)
     _compile_check(cmp, console)
     until = "first token" if s.get("until") == "first_token" else "ready"
@@ -410,6 +411,20 @@ def _first_token_compare(cmp: Comparison, console: Console) -> None:
         for v, fmt in ((ttft.get("a"), ".3f"), (ttft.get("b"), ".3f"), (ttft.get("delta"), "+.3f"))
     )
     console.print(f"time to first token {a} s -> {b} s ({delta} s)", markup=False)
+def render_causes(cmp: Comparison, console: Console, wide: bool = False) -> None:
+    """Why time to ready changed: the causes, ranked (analysis/causes.py), and the unexplained rest."""
+    if not cmp.causes:
+        return
+    cols = [Col("cause", flex=True), Col("A", flex=True), Col("B", flex=True), Col("seconds", "right")]
+    for c in cmp.causes:
+        seconds = "(not one phase)" if c["seconds"] is None else _signed(c["seconds"])
+        was, now = ("" if v is None else str(v) for v in (c["from"], c["to"]))
+        _row(cols, c["key"], was, now, seconds)
+        for d in c.get("detail", [])[:3]:
+            _row(cols, f"  {d['key']}", _s(d["from"]), _s(d["to"]), f"({_signed(d['seconds'])})")
+    if cmp.unexplained_s is not None:
+        _row(cols, "unexplained", "", "", _signed(cmp.unexplained_s))
+    _table(console, "why time to ready changed (causes, along the critical path)", cols, wide)
 
 
 def _delta_table(console: Console, title: str, rows: list[dict[str, Any]], wide: bool) -> None:

@@ -32,12 +32,16 @@ def render_fleet(answer: dict[str, Any], console: Console) -> None:
         table.add_row(*cells)
     console.print(table)
     if answer["regressions"]:
-        reg = Table(title="regressions (p50 grew from one version to the next)", title_justify="left")
-        for col in ("phase", "from", "to", "p50 change"):
+        reg = Table(
+            title="regressions (p50 grew from one version to the next, within one start kind)", title_justify="left"
+        )
+        for col in ("phase", "from", "to", "start kind", "p50 change"):
             reg.add_column(col, justify="right" if col == "p50 change" else "left")
         for r in answer["regressions"]:
-            reg.add_row(Text(r["phase"]), Text(r["from"]), Text(r["to"]), f"+{r['p50_delta_s']:.2f} s")
+            kind = ", ".join(f"{k}={v}" for k, v in (r.get("kind") or {}).items())
+            reg.add_row(Text(r["phase"]), Text(r["from"]), Text(r["to"]), Text(kind), f"+{r['p50_delta_s']:.2f} s")
         console.print(reg)
+    render_mix(answer.get("mix") or [], console)
     if answer["slowest"]:
         slow = Table(title="slowest runs", title_justify="left")
         for col in ("run", key, "time to ready"):
@@ -45,3 +49,21 @@ def render_fleet(answer: dict[str, Any], console: Console) -> None:
         for r in answer["slowest"]:
             slow.add_row(Text(r["run_id"]), Text(r["value"]), f"{r['time_to_ready_s']:.2f} s")
         console.print(slow)
+
+
+def render_mix(mix: list[dict[str, Any]], console: Console) -> None:
+    """Start-kind shares that changed between versions (`compile_cache=cold` 20 % -> 80 %)."""
+    if not mix:
+        return
+    table = Table(title="start-kind mix (shares that changed between versions)", title_justify="left")
+    for col in ("from", "to", "start kind", "share before", "share after"):
+        table.add_column(col, justify="right" if col.startswith("share") else "left")
+    for m in mix:
+        table.add_row(
+            Text(m["from"]),
+            Text(m["to"]),
+            Text(f"{m['key']}={m['value']}"),
+            f"{m['share_from'] * 100:.0f} %",
+            f"{m['share_to'] * 100:.0f} %",
+        )
+    console.print(table)

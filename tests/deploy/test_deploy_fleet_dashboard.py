@@ -24,11 +24,15 @@ def sql_targets() -> list[tuple[str, str, int]]:
     return [(p["title"], t["rawSql"], t["format"]) for p in iter_panels(DASH["panels"]) for t in p["targets"]]
 
 
-def expand(sql: str, by: str) -> str:
+ALL_KINDS = "'cold','warm','unknown'"  # the start-kind variable's All: every value its query lists
+
+
+def expand(sql: str, by: str, compile_cache: str = ALL_KINDS) -> str:
     """Grafana's and the plugin's expansion: $__timeFilter, $__timeInterval, ${var[:format]}."""
     sql = re.sub(r"\$__timeFilter\((\w+)\)", r"\1 >= toDateTime(0) AND \1 <= toDateTime(4102444800)", sql)
     sql = re.sub(r"\$__timeInterval\((\w+)\)", r"toStartOfInterval(toDateTime(\1), INTERVAL 3600 second)", sql)
     sql = sql.replace("${service:singlequote}", "'vllm','sglang'").replace("${by}", by)
+    sql = sql.replace("${compile_cache:singlequote}", compile_cache)
     assert "$" not in sql, sql
     return sql
 
@@ -42,6 +46,8 @@ def facts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     store = ClickHouseFacts(client)
     rows = synthetic_facts(120)
     rows[4]["findings"] = {"cold_compile": 12.0}
+    for i, row in enumerate(rows[:60]):  # start kinds on half of them; the rest predate start kinds
+        row["identity"]["kind.compile_cache"] = "cold" if i % 3 == 0 else "warm"
     store.write(rows)
     yield client
     close_all()
@@ -85,3 +91,21 @@ def test_variable_query_runs(facts: Any) -> None:
     assert var["query"] == var["definition"]
     values = [r["ServiceName"] for r in facts.arrow(var["query"]).to_pylist()]
     assert values == ["sglang", "vllm"]
+
+
+def test_start_kind_variable_filters_the_panels(facts: Any) -> None:
+    var = next(v for v in DASH["templating"]["list"] if v["name"] == "compile_cache")
+    assert var["query"] == var["definition"] and var["includeAll"] and var["multi"]
+    values = [r["compile_cache"] for r in facts.arrow(var["query"]).to_pylist()]
+    assert values == ["cold", "unknown", "warm"]
+    runs = next(s for t, s, _ in sql_targets() if t == "Runs")
+    assert facts.arrow(expand(runs, "service.version", "'cold'")).to_pylist()[0]["runs"] == 20
+    assert facts.arrow(expand(runs, "service.version", "'unknown'")).to_pylist()[0]["runs"] == 60
+    assert facts.arrow(expand(runs, "service.version")).to_pylist()[0]["runs"] == 120
+    mix = next(s for t, s, _ in sql_targets() if t.startswith("Start-kind mix"))
+    shares = facts.arrow(expand(mix, "kind.compile_cache")).to_pylist()
+    assert {(r["value"], r["compile_cache"]): r["share"] for r in shares} == {
+        ("cold", "cold"): 1.0,
+        ("warm", "warm"): 1.0,
+        ("", "unknown"): 1.0,
+    }

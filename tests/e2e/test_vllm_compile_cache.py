@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from e2e_vllm_run import PYTHON, Served, compile_cache_env
+from e2e_vllm_run import PYTHON, REPO, Served, compile_cache_env
 
 from starttrace.analysis.compare import compare
 from starttrace.analysis.lanes import build_model
 from starttrace.analysis.model import Lane, RunModel
+from starttrace.analysis.start_kind import fingerprint, start_kind
 from starttrace.demo.server import free_port, start_server, stop_server, vllm_command, vllm_env, wait_ready
 from starttrace.sources.journal_reader import read_run
 
@@ -37,6 +40,7 @@ VLLM_LOADING_MARKS = {"Load weights", "Load model"}  # vLLM's own instrument poi
 class Warm:
     model: RunModel
     ready_s: float
+    run_dir: Path
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +62,7 @@ def warm(served: Served, tmp_path_factory: pytest.TempPathFactory) -> Warm:
     finally:
         stop_server(server)
     (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
-    return Warm(build_model(read_run(run_dir)), ready_s)
+    return Warm(build_model(read_run(run_dir)), ready_s, run_dir)
 
 
 def workers(model: RunModel) -> list[Lane]:
@@ -138,3 +142,79 @@ def test_the_cold_critical_path_goes_into_the_model_inspection_helper(cold: RunM
     assert on_path > 1e9, "the API server's wait in create_engine_config is the helper's time"
     config_self = sum(st.end - st.start for st in path if st.name == "vllm.create_engine_config")
     assert config_self < on_path
+
+
+def _ttr(model: RunModel) -> float:
+    assert model.ready_ns is not None
+    return (model.ready_ns - model.t0) / 1e9
+
+
+def test_start_kinds_and_fingerprints(cold: RunModel, warm: Warm, served: Served) -> None:
+    kind_cold, kind_warm = start_kind(served.run, cold), start_kind(None, warm.model)
+    assert kind_cold["compile_cache"] in ("cold", "partial") and kind_warm["compile_cache"] == "warm"
+    for kind in (kind_cold, kind_warm):
+        assert kind["weights_source"] == "local" and kind["weights_fs"] not in ("", "none")
+        assert kind["page_cache"] in ("cold", "warm", "partial")
+        assert kind["plan_cache"] == "none"  # VLLM_ENABLE_STARTUP_PLAN is off (and the CPU worker has none)
+    fp = fingerprint(served.run, cold)
+    assert fp == fingerprint(None, warm.model)  # same model, configuration, software, machine
+    assert fp["config.tp"] == "2" and fp["config.dtype"] == "torch.float32" and fp["config.max_model_len"] == "128"
+    assert fp["config.enforce_eager"] == "false" and not fp["config.compile_mode"].isdigit()  # its name
+    assert fp["software.vllm"].startswith("0.") and fp["software.torch"] and fp["software.python"].startswith("3.")
+    assert int(fp["hardware.cpu.count"]) == os.cpu_count() and fp["hardware.cpu.model"]
+    print("E2E-FIGURES kinds", json.dumps({"cold": kind_cold, "warm": kind_warm, "fingerprint": fp}))
+
+
+def test_compare_names_the_compile_cache_as_the_top_cause(cold: RunModel, warm: Warm) -> None:
+    cmp = compare(cold, warm.model)
+    top = cmp.causes[0]
+    assert top["key"] == "kind.compile_cache" and top["to"] == "warm", cmp.causes[:3]
+    # about the slowest worker's compile difference
+    slowest_cold = max(ln.breakdown.get("compile", 0) for ln in workers(cold)) / 1e9
+    slowest_warm = max(ln.breakdown.get("compile", 0) for ln in workers(warm.model)) / 1e9
+    assert top["seconds"] == pytest.approx(slowest_warm - slowest_cold, rel=0.25)
+    change = _ttr(warm.model) - _ttr(cold)
+    explained = sum(c["seconds"] for c in cmp.causes if c["seconds"] is not None)
+    assert cmp.unexplained_s == pytest.approx(change - explained, abs=1e-5)
+    assert abs(change - explained) <= 0.05 * abs(change), (change, explained)
+    print(
+        "E2E-FIGURES causes",
+        json.dumps(
+            {
+                "ttr_cold_s": _ttr(cold),
+                "ttr_warm_s": _ttr(warm.model),
+                "change_s": change,
+                "explained_s": explained,
+                "unexplained_s": cmp.unexplained_s,
+                "slowest_worker_compile_s": [slowest_cold, slowest_warm],
+                "causes": [{k: c[k] for k in ("key", "from", "to", "seconds")} for c in cmp.causes[:8]],
+            }
+        ),
+    )
+
+
+def _gate(a: Path, b: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STARTTRACE", "VLLM_STARTTRACE", "OTEL_"))}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [PYTHON, "-m", "starttrace", "compare", str(a), str(b), "--json", *extra],
+        env=env,
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_the_gate_refuses_the_unlike_pair_and_passes_a_start_against_itself(served: Served, warm: Warm) -> None:
+    refused = _gate(served.run_dir, warm.run_dir, "--max-regression", "5")
+    assert refused.returncode == 3, refused.stderr
+    assert "kind.compile_cache" in refused.stderr and "not alike" in refused.stderr
+    allowed = _gate(served.run_dir, warm.run_dir, "--max-regression", "5", "--allow-unlike")
+    assert allowed.returncode == 0, allowed.stderr  # the warm start is faster: no regression
+    assert json.loads(allowed.stdout)["causes"][0]["key"] == "kind.compile_cache"
+    same = _gate(warm.run_dir, warm.run_dir, "--max-regression", "0")
+    assert same.returncode == 0 and "ok: time to ready" in same.stderr, same.stderr
+    slower = _gate(warm.run_dir, served.run_dir, "--max-regression", "5", "--allow-unlike")
+    assert slower.returncode == 1 and "regression" in slower.stderr, slower.stderr
+    print("E2E-FIGURES gate", refused.stderr.strip(), "|", same.stderr.strip(), "|", slower.stderr.strip())

@@ -116,6 +116,7 @@ def test_run_facts_from_model() -> None:
     assert ident["vllm.model"] == "meta/llama" and ident["vllm.tensor_parallel_size"] == "2"
     assert ident["container.image"] == "vllm/vllm-openai:v0.32.0"
     assert facts["spans"] == 3 and facts["version"] == 7
+    assert facts["kind"]["compile_cache"] == "none" and ident["kind.compile_cache"] == "none"
     not_ready = run_facts(_run("r2"), _model("r2", lanes, None, []))
     assert not_ready["time_to_ready_s"] is None and not_ready["status"] == "exited"
 
@@ -156,8 +157,18 @@ def test_regressions_need_growth() -> None:
         {"value": "a", "first_ns": 1, "phases": {"x": {"p50": 1.005}}},
         {"value": "c", "first_ns": 3, "phases": {"x": {"p50": 2.0}, "y": {"p50": 9.0}}},
     ]
-    assert regressions(groups) == [
-        {"phase": "x", "from": "b", "to": "c", "p50_delta_s": 1.0, "from_p50_s": 1.0, "to_p50_s": 2.0}
+    assert regressions(groups) == [  # groups without kinds (ClickHouse's SQL groups): one kind, {}
+        {
+            "phase": "x",
+            "from": "b",
+            "to": "c",
+            "kind": {},
+            "p50_delta_s": 1.0,
+            "from_p50_s": 1.0,
+            "to_p50_s": 2.0,
+            "runs_from": None,
+            "runs_to": None,
+        }
     ]
 
 

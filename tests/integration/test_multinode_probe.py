@@ -50,3 +50,33 @@ def test_first_collective_per_group_is_a_sync_span(
     assert all(s.attrs["starttrace.phase"] == "dist_init" and s.end_ns is not None for s in collectives)
     probes = process.resource["starttrace.probes"]
     assert {"torch.distributed.barrier", "torch.distributed.all_reduce", "torch.distributed.all_gather"} <= set(probes)
+
+
+COMPILED = r"""
+import socket
+import torch
+import torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+group = dist.new_group([0])
+
+@torch.compile(backend="eager", fullgraph=True)
+def forward(x):  # vLLM's TP all_reduce inside the compiled model: the group's first collective
+    y = x * 2
+    dist.all_reduce(y, group=group)
+    return y + 1
+
+print(float(forward(torch.ones(3))[0]))
+dist.destroy_process_group()
+"""
+
+
+def test_a_collective_inside_a_compiled_graph_is_left_to_torch(
+    venv_python: str, traced_env: dict[str, str], journal_root: Path, only_run_dir: Callable[[Path], Path]
+) -> None:
+    proc = subprocess.run([venv_python, "-c", COMPILED], env=traced_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "3.0", proc.stderr[-3000:]
+    run = read_run(only_run_dir(journal_root))
+    (process,) = run.processes
+    assert not [s for s in spans_of(run, process) if s.name == "dist.all_reduce"]  # Dynamo saw torch's own

@@ -277,3 +277,27 @@ def test_vllm_aot_load_is_a_compile_graph_hit(tmp_path: Path, clean_env) -> None
     # nothing for the cold start's missing artifact
     missing = str(folder / "missing")
     assert not [s for s in spans_of(run, process) if s.attrs.get("starttrace.compile.cache_dir") == missing]
+
+
+PLAN = r"""
+import json, os, sys
+os.environ["VLLM_CACHE_ROOT"] = sys.argv[1]
+from vllm.v1.worker import startup_plan
+
+path = startup_plan._plan_path("abc")
+os.makedirs(os.path.dirname(path))
+with open(path, "w") as f:
+    json.dump({"schema": startup_plan.PLAN_SCHEMA_VERSION, "fingerprint": "abc", "kv_cache_memory_bytes": 1,
+               "free_memory_baseline": 1}, f)
+found = startup_plan._load_plan("abc")
+print(json.dumps({"hit": found is not None, "miss": startup_plan._load_plan("other")}))
+"""
+
+
+def test_vllm_startup_plan_lookup_is_a_hit_or_a_miss(tmp_path: Path, clean_env) -> None:
+    out, run = _traced(tmp_path, clean_env, ["-c", PLAN, str(tmp_path / "cache")])
+    assert out == {"hit": True, "miss": None}
+    (process,) = run.processes
+    hit, miss = _named(run, process, "vllm.startup_plan.load")
+    assert hit.attrs["vllm.startup_plan"] == "hit" and miss.attrs["vllm.startup_plan"] == "miss"
+    assert hit.attrs["starttrace.phase"] == "kv_cache"

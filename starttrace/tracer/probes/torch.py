@@ -166,6 +166,10 @@ def _end_cuda_init(cuda: "Any", span_id: str) -> None:
             attrs["starttrace.cuda.device_count"] = process_attrs["starttrace.cuda.device_count"] = count
         except Exception:
             pass
+        try:
+            attrs["starttrace.cuda.device_name"] = str(cuda.get_device_name())  # the start's fingerprint
+        except Exception:
+            pass
         torch_version = sys.modules.get("torch.version")
         version = getattr(torch_version, "cuda", None) or getattr(torch_version, "hip", None)
         if isinstance(version, str):

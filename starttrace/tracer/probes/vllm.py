@@ -13,6 +13,7 @@ Roles (process attribute `starttrace.role`):
   multiprocessing resource tracker (recognised from the command line at activation).
 """
 
+import os
 import sys
 from _thread import get_ident
 
@@ -205,7 +206,60 @@ def _config_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "An
         attrs["vllm.device"] = str(result.device_config.device_type)
     except Exception:
         pass
+    attrs.update(_fingerprint_attrs(result))
     return attrs or None
+
+
+def _fingerprint_attrs(config: "Any") -> "Attrs":
+    """What the start's fingerprint needs beside the above (analysis/start_kind.py): configuration,
+    software versions, the CPU. Each read on its own: a version without one attribute keeps the rest."""
+    attrs: Attrs = {}
+    reads = (
+        ("vllm.dtype", lambda: str(config.model_config.dtype)),
+        ("vllm.max_model_len", lambda: int(config.model_config.max_model_len)),
+        ("vllm.compile_mode", lambda: _enum_name(config.compilation_config.mode)),
+        (
+            "vllm.cudagraph_sizes",
+            lambda: ",".join(str(int(n)) for n in config.compilation_config.cudagraph_capture_sizes or ()),
+        ),
+        ("starttrace.vllm.version", lambda: str(sys.modules["vllm"].__version__)),
+        ("starttrace.torch.version", lambda: str(sys.modules["torch"].__version__)),
+        ("starttrace.python.version", lambda: "%d.%d.%d" % sys.version_info[:3]),
+        ("starttrace.host.cpu_count", lambda: os.cpu_count()),
+        ("starttrace.host.cpu_model", _cpu_model),
+    )
+    for key, read in reads:
+        try:
+            value = read()
+        except Exception:
+            continue
+        if value not in (None, ""):
+            attrs[key] = value
+    return attrs
+
+
+def _enum_name(value: "Any") -> str:
+    """`VLLM_COMPILE` for vLLM's CompilationMode (an IntEnum: str() gives its number)."""
+    return "" if value is None else str(getattr(value, "name", None) or value)
+
+
+def _cpu_model() -> "str | None":
+    """The first `model name` of /proc/cpuinfo (read line by line, up to it); else the platform's."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("model name", "Model", "cpu model")):
+                    return line.partition(":")[2].strip() or None
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or None
+
+
+def _startup_plan_after(args: "tuple[Any, ...]", kwargs: "dict[str, Any]", result: "Any") -> "Attrs | None":
+    # _load_plan(fingerprint) -> the persisted plan, or None (absent, unreadable, another schema)
+    return {"vllm.startup_plan": "hit" if isinstance(result, dict) else "miss"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -822,6 +876,8 @@ _TABLES: "dict[str, tuple[Row, ...]]" = {
         ("CpuCommunicator.__init__", "vllm.dist.device_communicator.init", "dist_init", None, _communicator_after),
     ),
     "vllm.compilation.backends": (("VllmBackend.__call__", "vllm.compile", "compile", None, _vllm_backend_after),),
+    # VLLM_ENABLE_STARTUP_PLAN=1: the worker looks up its persisted KV-profile result (the start kind's plan_cache)
+    "vllm.v1.worker.startup_plan": (("_load_plan", "vllm.startup_plan.load", "kv_cache", None, _startup_plan_after),),
 }
 
 # Methods of the worker class vLLM resolves at run time (CPUWorker, Worker, XPUWorker, plugin
