@@ -356,6 +356,8 @@ def _collective_wrapper(
     seen = _seen_groups
 
     def collective(*args: "Any", **kwargs: "Any") -> "Any":
+        if _dynamo_tracing():
+            return original(*args, **kwargs)
         if recorder._writer is None or len(seen) >= MAX_SYNC_GROUPS:
             return original(*args, **kwargs)
         group = args[group_at] if len(args) > group_at else kwargs.get("group")
@@ -374,6 +376,14 @@ def _collective_wrapper(
         return call_in_span(span_id, original, args, kwargs)
 
     return _mark(collective, original)
+
+
+def _dynamo_tracing() -> bool:
+    """Whether Dynamo is tracing this call: a group's first collective may run inside a compiled
+    forward (vLLM's TP all_reduce), and Dynamo cannot trace the span's bookkeeping, so it must see
+    only the original. Looked up per call: torch.compiler may not exist yet when dist is patched."""
+    check = getattr(sys.modules.get("torch.compiler"), "is_compiling", None)
+    return check is not None and bool(check())
 
 
 def _begin_collective(dist: "Any", name: str, group: "Any", tensor: "Any") -> str:
