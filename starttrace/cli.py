@@ -282,8 +282,11 @@ def report(
         bool, typer.Option("--json", help="the waterfall model as JSON (what GET /startup returns)")
     ] = False,
     wide: WideOption = False,
+    full: Annotated[
+        bool, typer.Option("--full", help="every helper, part, phase, hotspot and path step (default: the summary)")
+    ] = False,
 ) -> None:
-    """Per-process startup report of a run: findings, time to ready, phases, top imports."""
+    """Per-process startup report of a run: time to ready, the plan, findings, phases, top imports."""
     the_run = _load(run_id, directory, clickhouse)
     model = _model(the_run)
     if as_json:
@@ -293,7 +296,7 @@ def report(
         return
     from starttrace.views.terminal import render_report
 
-    render_report(model, console, wide=wide)
+    render_report(model, console, wide=wide, full=full)
 
 
 @app.command()

@@ -12,6 +12,7 @@ from starttrace.analysis.findings.common import is_forkserver, preload_list
 from starttrace.analysis.findings.preload import covered_ns
 from starttrace.analysis.model import Lane, RunModel
 from starttrace.analysis.nodes import compare_nodes, node_positions
+from starttrace.analysis.plan import plan_check
 
 MAX_MODULES = 100
 
@@ -29,6 +30,7 @@ class Comparison:
     nodes: list[dict[str, Any]] = field(default_factory=list)  # per node, runs of several hosts (analysis/nodes.py)
     ready_by_phase: list[dict[str, Any]] = field(default_factory=list)  # time to ready by phase (critical path)
     compile_checks: list[dict[str, Any]] = field(default_factory=list)  # cold_compile: predicted vs realised
+    plan: dict[str, Any] = field(default_factory=dict)  # A's plan against B (analysis.plan.plan_check)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +83,7 @@ def compare(a: RunModel, b: RunModel) -> Comparison:
         nodes=compare_nodes(a, b),
         ready_by_phase=_deltas(path_phases(a), path_phases(b)),
         compile_checks=compile_checks(a, b),
+        plan=plan_check(a, b),
     )
 
 

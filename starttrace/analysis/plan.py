@@ -24,6 +24,7 @@ the same stretches (what it realised).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -102,7 +103,7 @@ def _removed(parts: list[Cut], start: int, end: int) -> float:
     """Ns taken out of [start, end] by `parts` (where parts overlap, the largest share counts)."""
     points = sorted({start, end, *(t for a, b, _ in parts for t in (a, b) if start < t < end)})
     total = 0.0
-    for a, b in zip(points, points[1:], strict=False):
+    for a, b in itertools.pairwise(points):
         share = max((p for s, e, p in parts if s <= a and e >= b), default=0.0)
         total += (b - a) * share
     return total
