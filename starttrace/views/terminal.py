@@ -122,13 +122,12 @@ def _table(console: Console, title: str | None, cols: Sequence[Col], wide: bool 
 def render_findings(
     findings: list[dict[str, Any]], console: Console, title: str = "findings", compact: bool = False
 ) -> None:
-    """Numbered findings: `[severity] kind: text`, then `-> action`, with the time each saves; names
+    """Numbered findings: `[severity] kind (saves N s): text`, then `-> action`; names
     whole, lines wrapped at spaces. `compact`: text and action at most COMPACT_LINES lines each."""
     if not findings:
         console.print(Text(f"{title}: none", style="green"))
         return
-    saving = any(f.get("saving_s") for f in findings)
-    console.print(Text(title + (", the ones that save time first" if saving else ""), style="bold"))
+    console.print(Text(title, style="bold"))
     room = max(20, console.width - 4)
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True, justify="right")
@@ -149,10 +148,11 @@ def render_findings(
 
 
 COMPACT_LINES = 2
+CLIPPED = "..."  # the end of a finding's text cut in the compact list (`report --full` has it whole)
 
 
 def _clip(text: str, width: int, lines: int) -> str:
-    """`text` cut (at a space, with `…`) to what `lines` lines of `width` hold when wrapped at spaces."""
+    """`text` cut (at a space, with CLIPPED) to what `lines` lines of `width` hold when wrapped at spaces."""
     words = text.split(" ")
     out: list[str] = []
     row = ""
@@ -167,7 +167,7 @@ def _clip(text: str, width: int, lines: int) -> str:
             last = out[-1]
             while len(last) + 2 > width and " " in last:
                 last = last.rsplit(" ", 1)[0]
-            out[-1] = last + " " + ELLIPSIS
+            out[-1] = last + " " + CLIPPED
             return " ".join(out)
     out.append(row)
     return " ".join(out)
