@@ -108,6 +108,11 @@ def untraced_programs(model: RunModel) -> list[dict[str, Any]]:
     return [{"program": name, "count": n} for name, n in sorted(programs.items(), key=lambda kv: (-kv[1], kv[0]))]
 
 
+def is_not_python(problem: str) -> bool:
+    """A problem that says a launched child is not Python (expected: no journal)."""
+    return bool(_NOT_PYTHON.search(problem))
+
+
 def real_problems(model: RunModel) -> list[str]:
     """The run's problems but the expected ones (children that are not Python)."""
-    return [p for p in model.problems if not _NOT_PYTHON.search(p)]
+    return [p for p in model.problems if not is_not_python(p)]
