@@ -50,3 +50,36 @@ def test_first_collective_per_group_is_a_sync_span(
     assert all(s.attrs["starttrace.phase"] == "dist_init" and s.end_ns is not None for s in collectives)
     probes = process.resource["starttrace.probes"]
     assert {"torch.distributed.barrier", "torch.distributed.all_reduce", "torch.distributed.all_gather"} <= set(probes)
+
+
+COMPILED = r"""
+import socket
+import torch
+import torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+sub = dist.new_group([0])
+
+@torch.compile(fullgraph=True, backend="eager")
+def forward(x):
+    y = x * 2
+    dist.all_reduce(y, group=sub)   # the group's first collective, while Dynamo traces (vLLM's TP forward)
+    return y
+
+assert float(forward(torch.ones(3))[0]) == 2.0
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+def test_a_groups_first_collective_inside_a_compiled_forward_passes_through(
+    venv_python: str, traced_env: dict[str, str], journal_root: Path, only_run_dir: Callable[[Path], Path]
+) -> None:
+    """Dynamo cannot trace the span's bookkeeping (`hasattr(dist.group, "WORLD")`): while it
+    traces, the wrapper calls only the original, so a fullgraph compile of a TP forward works."""
+    proc = subprocess.run([venv_python, "-c", COMPILED], env=traced_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+    run = read_run(only_run_dir(journal_root))
+    (process,) = run.processes
+    assert not [s for s in spans_of(run, process) if s.name == "dist.all_reduce"]  # traced: no span of its own
