@@ -36,7 +36,7 @@ def test_two_findings_on_the_same_stretch_save_once(cold: RunModel) -> None:
 
 
 def test_helpers_by_kind() -> None:
-    so_check = '/venv/bin/python -c "import ctypes; ctypes.cdll.LoadLibrary(\'/tmp/x.so\')"'
+    so_check = "/venv/bin/python -c \"import ctypes; ctypes.cdll.LoadLibrary('/tmp/x.so')\""
     assert command_kind(so_check) == "python -c (Inductor's .so check)"
     assert command_kind("/venv/bin/python -m vllm.model_executor.models.registry") == (
         "python -m vllm.model_executor.models.registry (vLLM's model inspection)"
