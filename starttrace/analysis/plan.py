@@ -24,7 +24,7 @@ the same stretches (what it realised).
 
 from __future__ import annotations
 
-import itertools
+import bisect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -99,41 +99,72 @@ def _merged(cuts: Iterable[Cuts]) -> Cuts:
     return out
 
 
+def _disjoint(parts: list[Cut]) -> list[Cut]:
+    """`parts` as disjoint cuts in time order (where parts overlap, the largest share counts)."""
+    events: list[tuple[int, int, float]] = []
+    for a, b, share in parts:
+        if b > a and share > 0:
+            events.append((a, 1, share))
+            events.append((b, -1, share))
+    events.sort()
+    out: list[Cut] = []
+    active: dict[float, int] = {}
+    at = events[0][0] if events else 0
+    for t, step, share in events:
+        if active and t > at:
+            top = max(active)
+            if out and out[-1][1] == at and out[-1][2] == top:
+                out[-1] = (out[-1][0], t, top)
+            else:
+                out.append((at, t, top))
+        at = t
+        active[share] = active.get(share, 0) + step
+        if not active[share]:
+            del active[share]
+    return out
+
+
+class _Profile:
+    """A lane's cuts as a function of time: how many ns they take out before t (prefix sums over
+    the disjoint cuts), so that what they take out of any stretch is two look-ups."""
+
+    def __init__(self, parts: list[Cut]) -> None:
+        self.cuts = _disjoint(parts)
+        self.starts = [a for a, _, _ in self.cuts]
+        self.before = [0.0]
+        for a, b, share in self.cuts:
+            self.before.append(self.before[-1] + (b - a) * share)
+
+    def upto(self, t: int) -> float:
+        k = bisect.bisect_right(self.starts, t) - 1
+        if k < 0:
+            return 0.0
+        a, b, share = self.cuts[k]
+        return self.before[k] + (min(t, b) - a) * share
+
+    def between(self, start: int, end: int) -> float:
+        return max(0.0, self.upto(end) - self.upto(start)) if end > start else 0.0
+
+
 def _removed(parts: list[Cut], start: int, end: int) -> float:
     """Ns taken out of [start, end] by `parts` (where parts overlap, the largest share counts)."""
-    points = sorted({start, end, *(t for a, b, _ in parts for t in (a, b) if start < t < end)})
-    total = 0.0
-    for a, b in itertools.pairwise(points):
-        share = max((p for s, e, p in parts if s <= a and e >= b), default=0.0)
-        total += (b - a) * share
-    return total
+    return _Profile(parts).between(start, end)
 
 
 def replay(model: RunModel, cuts: Cuts) -> float:
     """The time to ready (s) with `cuts` taken out: the critical path's steps shortened by what is
     cut from them, held against every rank's own shortened ready (its ready, less what is cut from
     the path before it started and from its own timeline after)."""
-    removed = 0.0
-    for st in model.critical_path:
-        parts = cuts.get(st.lane)
-        if parts:
-            removed += _removed(parts, st.start, st.end)
+    profiles = {lane: _Profile(parts) for lane, parts in cuts.items() if parts}
+    path = [(st, profiles.get(st.lane)) for st in model.critical_path]
+    removed = sum(p.between(st.start, st.end) for st, p in path if p is not None)
     predicted = model.startup_s - removed / 1e9
     for lane in model.lanes:
         if lane.role in RANK_ROLES and lane.ready_ns is not None and model.ready_ns is not None:
-            own = _removed(cuts.get(lane.index, []), lane.start, lane.ready_ns) + _path_removed(model, cuts, lane.start)
+            own = profiles[lane.index].between(lane.start, lane.ready_ns) if lane.index in profiles else 0.0
+            own += sum(p.between(st.start, min(st.end, lane.start)) for st, p in path if p is not None)
             predicted = max(predicted, (lane.ready_ns - model.t0 - own) / 1e9)
     return min(model.startup_s, predicted)
-
-
-def _path_removed(model: RunModel, cuts: Cuts, until: int) -> float:
-    """Ns the cuts take out of the critical path before `until`."""
-    total = 0.0
-    for st in model.critical_path:
-        parts = cuts.get(st.lane)
-        if parts and st.start < until:
-            total += _removed(parts, st.start, min(st.end, until))
-    return total
 
 
 def set_savings(model: RunModel, findings: list[dict[str, Any]]) -> None:
@@ -164,8 +195,8 @@ def plan(model: RunModel) -> dict[str, Any]:
 
 def _path_time(model: RunModel, cuts: Cuts) -> float:
     """Seconds of the critical path inside `cuts` (at their full length: what the stretches took)."""
-    whole = {lane: [(a, b, 1.0) for a, b, _ in parts] for lane, parts in cuts.items()}
-    return sum(_removed(whole[st.lane], st.start, st.end) for st in model.critical_path if st.lane in whole) / 1e9
+    profiles = {lane: _Profile([(a, b, 1.0) for a, b, _ in parts]) for lane, parts in cuts.items() if parts}
+    return sum(profiles[st.lane].between(st.start, st.end) for st in model.critical_path if st.lane in profiles) / 1e9
 
 
 def _same_stretches(model: RunModel, kind: str, like: dict[str, Any]) -> Cuts:
