@@ -148,7 +148,7 @@ def render_findings(
 
 
 COMPACT_LINES = 2
-CLIPPED = "..."  # the end of a finding's text cut in the compact list (`report --full` has it whole)
+CLIPPED = "... (--full)"  # the end of a finding's text cut in the compact list (`report --full` has it whole)
 
 
 def _clip(text: str, width: int, lines: int) -> str:
@@ -165,7 +165,7 @@ def _clip(text: str, width: int, lines: int) -> str:
         row = word
         if len(out) == lines:
             last = out[-1]
-            while len(last) + 2 > width and " " in last:
+            while len(last) + 1 + len(CLIPPED) > width and " " in last:
                 last = last.rsplit(" ", 1)[0]
             out[-1] = last + " " + CLIPPED
             return " ".join(out)
@@ -181,7 +181,7 @@ def render_report(model: RunModel, console: Console, wide: bool = False, full: b
     _report_head(model, console, full)
     _summary_bar(model, console)
     _plan_lines(model, console)
-    render_findings(_by_saving(model.findings), console, compact=not full)
+    render_findings(_by_saving(model.findings), console, compact=not (full or wide))
     _nodes(model, console, wide)
     _processes(model, console, wide, full)
     _phases(model, console, wide, full)
