@@ -879,9 +879,11 @@
       .then(function (html) {
         if (!html) { return; }
         var doc = new DOMParser().parseFromString(html, "text/html");
-        var fresh = doc.getElementById("panels");
-        var old = document.getElementById("panels");
-        if (fresh && old) { old.replaceWith(document.importNode(fresh, true)); }
+        ["panels", "summary"].forEach(function (id) {  // the summary and plan follow a live run too
+          var fresh = doc.getElementById(id);
+          var old = document.getElementById(id);
+          if (fresh && old) { old.replaceWith(document.importNode(fresh, true)); }
+        });
       })
       .catch(function () { /* keep the old panels */ });
   }
