@@ -89,7 +89,7 @@ def serve_traced(base: Path, receiver: Any) -> Served:
         traced=True,
         journal_root=journal_root,
         PYTHONPROFILEIMPORTTIME="1",
-        PYTHONPATH=str(site),
+        PYTHONPATH=f"{site}:{REPO}",  # this checkout's starttrace, not the venv's install
         STARTTRACE_TEST_SPLIT_STDERR=str(split),
         OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
         **compile_cache_env(base / "compile-cache"),
