@@ -438,7 +438,7 @@
   // compile inside a busy loop reads as compile; long segments say their phase
   function paintTimeline(ln, y, h, w, t0, t1) {
     var segs = ln.info.timeline || [];
-    var lastPx = -1;
+    var lastPx = -1, named = [];
     for (var k = 0; k < segs.length; k++) {
       var sg = segs[k];
       if (sg[1] < t0) { continue; }
@@ -456,14 +456,7 @@
       var cx0 = Math.max(x0, -2), cx1 = Math.min(x1, w + 2);
       ctx.fillStyle = phaseColor(sg[2]);
       ctx.fillRect(cx0, y, cx1 - cx0, h);
-      if (cx1 - cx0 > 54 && h >= 12) {
-        ctx.save();
-        ctx.beginPath(); ctx.rect(cx0, y, cx1 - cx0, h); ctx.clip();
-        ctx.fillStyle = "#111";
-        ctx.font = "11px system-ui, sans-serif";
-        ctx.fillText(sg[2] + " " + fmtDur(sg[1] - sg[0]), Math.max(cx0, 0) + 3, y + h - 4);
-        ctx.restore();
-      }
+      if (cx1 - cx0 > 54 && h >= 12) { named.push([cx0, cx1, sg]); }
     }
     // where each of its top spans begins (one import after another reads as such; spans fetched
     // as the zoom deepens show here too)
@@ -476,6 +469,14 @@
       var sx = xOf(s0[4], w), ex = xOf(spanEnd(s0), w);
       if (ex - sx >= 4 && sx - lastX >= 3) { ctx.fillRect(Math.round(sx), y, 1, h); lastX = sx; }
     }
+    named.forEach(function (n) {  // the names last: no mark drawn across them
+      ctx.save();
+      ctx.beginPath(); ctx.rect(n[0], y, n[1] - n[0], h); ctx.clip();
+      ctx.fillStyle = "#111";
+      ctx.font = "11px system-ui, sans-serif";
+      ctx.fillText(n[2][2] + " " + fmtDur(n[2][1] - n[2][0]), Math.max(n[0], 0) + 3, y + h - 4);
+      ctx.restore();
+    });
   }
 
   // a folded group's row: each of its processes as a tick from its start to its end
