@@ -300,8 +300,11 @@ def report(
     ] = False,
     wide: WideOption = False,
     until: UntilOption = Until.ready,
+    full: Annotated[
+        bool, typer.Option("--full", help="every helper, part, phase, hotspot and path step (default: the summary)")
+    ] = False,
 ) -> None:
-    """Per-process startup report of a run: findings, time to ready, phases, top imports."""
+    """Per-process startup report of a run: time to ready, the plan, findings, phases, top imports."""
     the_run = _load(run_id, directory, clickhouse)
     model = _model(the_run, until.value.replace("-", "_"))
     if as_json:
@@ -311,7 +314,7 @@ def report(
         return
     from starttrace.views.terminal import render_report
 
-    render_report(model, console, wide=wide)
+    render_report(model, console, wide=wide, full=full)
 
 
 @app.command()

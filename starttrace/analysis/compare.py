@@ -12,6 +12,7 @@ from starttrace.analysis.findings.common import is_forkserver, preload_list
 from starttrace.analysis.findings.preload import covered_ns
 from starttrace.analysis.model import Lane, RunModel
 from starttrace.analysis.nodes import compare_nodes, node_positions
+from starttrace.analysis.plan import plan_check
 
 MAX_MODULES = 100
 
@@ -33,6 +34,7 @@ class Comparison:
     causes: list[dict[str, Any]] = field(default_factory=list)
     unexplained_s: float | None = None
     start_kinds: dict[str, Any] = field(default_factory=dict)  # {"a": kind, "b": kind, "fingerprint": {a, b}}
+    plan: dict[str, Any] = field(default_factory=dict)  # A's plan against B (analysis.plan.plan_check)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,6 +88,7 @@ def compare(a: RunModel, b: RunModel) -> Comparison:
         ready_by_phase=_deltas(path_phases(a), path_phases(b)),
         compile_checks=compile_checks(a, b),
         **_causes(a, b),
+        plan=plan_check(a, b),
     )
 
 

@@ -10,6 +10,8 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from starttrace.analysis.folding import is_not_python
+
 HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
 STATIC = HERE / "static"
@@ -63,6 +65,7 @@ def environment() -> Environment:
     )
     env.globals["phase_colors"] = PHASE_COLORS
     env.globals["phase_color"] = phase_color
+    env.tests["search_not_python"] = is_not_python  # expected children with no journal: a note, not a warning
     env.filters["utc"] = lambda secs: dt.datetime.fromtimestamp(float(secs), dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
     return env
 

@@ -11,8 +11,10 @@ import polars as pl
 
 from starttrace.analysis.critical_path import path_by_lane, path_phases
 from starttrace.analysis.first_request import first_request_summary
+from starttrace.analysis.folding import fold_groups, untraced_programs
 from starttrace.analysis.model import STRUCTURAL_PHASES, Lane, RunModel, SpanNode
 from starttrace.analysis.nodes import node_rows
+from starttrace.analysis.plan import plan
 from starttrace.run import MODULE_KEY, decode_attrs
 
 SPAN_FIELDS = ["id", "parent", "name", "phase", "start_us", "end_us", "depth", "flags", "attrs"]
@@ -71,6 +73,9 @@ def to_json(model: RunModel, include_spans: bool = True) -> dict[str, Any]:
         "cuda_audit": model.cuda_audit,
         "nodes": node_rows(model),  # several hosts: host, clock offset and error per node (docs/multinode.md)
         "findings": model.findings,  # docs/findings.md; preload_advice and cuda_audit are their older forms
+        "plan": plan(model),  # the time to ready with every finding's action applied (analysis.plan)
+        "folded": fold_groups(model),  # short helpers the views fold (every lane stays in `lanes`)
+        "untraced_programs": untraced_programs(model),  # launched children that are not Python: expected
     }
 
 

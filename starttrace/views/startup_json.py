@@ -57,6 +57,8 @@ def first_payload(model: RunModel, rows: int = FIRST_ROWS, whole_run: int = WHOL
         entry["spans"] = sent[at : at + n]
         at += n
         entry["complete"] = n == lane.count
+        # the innermost phase at each instant of its window (analysis.breakdown): what its bar paints
+        entry["timeline"] = [[(a - model.t0) // 1000, (b - model.t0) // 1000, label] for a, b, label in lane.timeline]
         entry["detail_min_us"] = 0 if entry["complete"] else cut_us
     doc["first_answer"] = {
         "spans": len(sent),

@@ -7,7 +7,6 @@ that does not fit is abbreviated from the left at a component boundary (`…open
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,9 +22,11 @@ from starttrace.analysis.critical_path import path_by_lane, path_phases
 from starttrace.analysis.findings.compile import compile_facts
 from starttrace.analysis.findings.weights import weight_facts
 from starttrace.analysis.first_request import first_request_summary
+from starttrace.analysis.folding import fold_groups, real_problems, untraced_programs
 from starttrace.analysis.model import STRUCTURAL_PHASES, RunModel
 from starttrace.analysis.nodes import node_rows
-from starttrace.run import NOT_PYTHON
+from starttrace.analysis.plan import plan
+from starttrace.views.html import phase_color
 
 ELLIPSIS = "…"
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -119,59 +120,181 @@ def _table(console: Console, title: str | None, cols: Sequence[Col], wide: bool 
         console.print(table)
 
 
-def render_findings(findings: list[dict[str, Any]], console: Console, title: str = "findings") -> None:
-    """Numbered findings, most severe first: `[severity] kind: text`, then `-> action`; names whole,
-    lines wrapped at spaces."""
+def render_findings(
+    findings: list[dict[str, Any]], console: Console, title: str = "findings", compact: bool = False
+) -> None:
+    """Numbered findings: `[severity] kind (saves N s): text`, then `-> action`; names
+    whole, lines wrapped at spaces. `compact`: text and action at most COMPACT_LINES lines each."""
     if not findings:
         console.print(Text(f"{title}: none", style="green"))
         return
     console.print(Text(title, style="bold"))
+    room = max(20, console.width - 4)
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True, justify="right")
     grid.add_column(ratio=1, overflow="fold")
     for i, f in enumerate(findings, 1):
         line = Text()
-        line.append(f"[{f['severity']}] {f['kind']}: ", style=SEVERITY_STYLE.get(f["severity"], ""))
-        line.append(f["text"])
+        saves = f" (saves {f['saving_s']:.1f} s)" if f.get("saving_s") else ""
+        line.append(f"[{f['severity']}] {f['kind']}{saves}: ", style=SEVERITY_STYLE.get(f["severity"], ""))
+        text = f["text"]
+        if compact:
+            text = _clip(line.plain + text, room, COMPACT_LINES)[len(line.plain) :]
+        line.append(text)
         grid.add_row(f"{i}.", line)
         if f.get("action"):
-            grid.add_row("", Text(f"-> {f['action']}", style="dim"))
+            action = f"-> {f['action']}"
+            grid.add_row("", Text(_clip(action, room, COMPACT_LINES) if compact else action, style="dim"))
     console.print(grid)
 
 
-def render_report(model: RunModel, console: Console, wide: bool = False) -> None:
-    """`starttrace report`: findings first, then processes, phases, open spans, imports, the path."""
-    _report_head(model, console)
+COMPACT_LINES = 2
+CLIPPED = "... (--full)"  # the end of a finding's text cut in the compact list (`report --full` has it whole)
+
+
+def _clip(text: str, width: int, lines: int) -> str:
+    """`text` cut (at a space, with CLIPPED) to what `lines` lines of `width` hold when wrapped at spaces."""
+    words = text.split(" ")
+    out: list[str] = []
+    row = ""
+    for word in words:
+        candidate = f"{row} {word}" if row else word
+        if len(candidate) <= width or not row:
+            row = candidate
+            continue
+        out.append(row)
+        row = word
+        if len(out) == lines:
+            last = out[-1]
+            while len(last) + 1 + len(CLIPPED) > width and " " in last:
+                last = last.rsplit(" ", 1)[0]
+            out[-1] = last + " " + CLIPPED
+            return " ".join(out)
+    out.append(row)
+    return " ".join(out)
+
+
+def render_report(model: RunModel, console: Console, wide: bool = False, full: bool = False) -> None:
+    """`starttrace report`: the summary first (time to ready, its phases along the critical path as
+    one bar, the plan, the findings ranked by what they save), then the processes (short helpers
+    folded), their breakdowns (the phases that matter, the rest as `other`), compile, the path.
+    `full=True` (`--full`) lists every helper, every part, phase, hotspot and step."""
+    _report_head(model, console, full)
     _first_token_line(model, console)
-    render_findings(model.findings, console)
+    _summary_bar(model, console)
+    _plan_lines(model, console)
+    render_findings(_by_saving(model.findings), console, compact=not (full or wide))
     _nodes(model, console, wide)
-    _processes(model, console, wide)
-    _phases(model, console, wide)
-    _weights_and_compile(model, console, wide)
+    _processes(model, console, wide, full)
+    _phases(model, console, wide, full)
+    _weights_and_compile(model, console, wide, full)
     _in_progress(model, console, wide)
-    _hotspots(model, console, wide)
+    if full:
+        _hotspots(model, console, wide)
     _cuda_line(model, console)
-    _critical_path(model, console, wide)
+    _critical_path(model, console, wide, full)
 
 
-def _report_head(model: RunModel, console: Console) -> None:
+def short_labels(model: RunModel) -> dict[int, str]:
+    """Lane labels for the default report's narrow tables: `rank 0`, `api_server`, `helper 8093`
+    (the pid where a role without ranks has several lanes)."""
+    roles = Counter(lane.role for lane in model.lanes if lane.rank is None)
+    out = {}
+    for lane in model.lanes:
+        role = lane.role or "process"
+        if lane.rank is not None:
+            out[lane.index] = f"rank {lane.rank}" if lane.role == "worker" else f"{role} rank {lane.rank}"
+        elif roles[lane.role] > 1 and lane.pid is not None:
+            out[lane.index] = f"{role} {lane.pid}"
+        else:
+            out[lane.index] = role
+        if lane.node:
+            out[lane.index] = f"{lane.node} {out[lane.index]}"
+    return out
+
+
+def _by_saving(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The findings that save time first, the most first; the others after, in their order."""
+    saving = sorted((f for f in findings if f.get("saving_s")), key=lambda f: -f["saving_s"])
+    return saving + [f for f in findings if not f.get("saving_s")]
+
+
+def _summary_bar(model: RunModel, console: Console) -> None:
+    """Time to ready by phase along the critical path, as one bar the console's width, and its key:
+    each phase of at least 2 % by name, the rest as `other`."""
+    by_phase = path_phases(model)
+    total = sum(by_phase.values())
+    if not total:
+        return
+    parts = [(label, ns) for label, ns in by_phase.items() if ns / total >= 0.02]
+    rest = total - sum(ns for _, ns in parts)
+    if rest > 0:
+        parts.append(("other", rest))
+    width = max(10, console.width)
+    cells = _apportion([ns for _, ns in parts], width)
+    bar = Text()
+    key = Text()
+    for (label, ns), n in zip(parts, cells, strict=True):
+        style = f"on {phase_color(label)}" if phase_color(label).startswith("#") else "reverse"
+        bar.append((label[0] * n) if n else "", style=style)
+        if key:
+            key.append("  ")
+        key.append(label[0], style=style)
+        key.append(f" {label} {ns / 1e9:.1f} s")
+    console.print(Text("time to ready by phase, along the critical path", style="bold"))
+    console.print(bar, no_wrap=True, crop=True)
+    console.print(key)
+
+
+def _apportion(values: list[int], width: int) -> list[int]:
+    """`width` cells shared in proportion to `values` (largest remainders), each at least 1."""
+    total = sum(values) or 1
+    raw = [v * width / total for v in values]
+    cells = [max(1, int(r)) for r in raw]
+    while sum(cells) > width and max(cells) > 1:
+        cells[cells.index(max(cells))] -= 1
+    order = sorted(range(len(raw)), key=lambda i: -(raw[i] - int(raw[i])))
+    for i in order:
+        if sum(cells) >= width:
+            break
+        cells[i] += 1
+    return cells
+
+
+def _plan_lines(model: RunModel, console: Console) -> None:
+    got = plan(model)
+    if not got["findings"]:
+        return
+    console.print(
+        Text.assemble(
+            ("plan: ", "bold"),
+            f"every finding's action applied: ready in {got['predicted_ready_s']:.1f} s, not "
+            f"{got['ready_s']:.1f} s (-{got['saving_s']:.1f} s; the critical path replayed, "
+            f"not the {got['sum_of_savings_s']:.1f} s of savings summed)",
+        )
+    )
+
+
+def _report_head(model: RunModel, console: Console, full: bool = False) -> None:
     console.print(
         Text.assemble((f"run {model.run_id}", "bold"), f"  service {model.service or '-'}  status {model.status}")
     )
+    folded = sum(g["count"] for g in fold_groups(model))
+    helpers = f" ({folded} helpers folded)" if folded and not full else ""
     console.print(
-        f"startup {model.startup_s:.3f} s  processes {len(model.lanes)}  spans {model.spans.height}", markup=False
+        Text.assemble(
+            ("time to ready ", "bold"),
+            (f"{model.startup_s:.1f} s", "bold"),
+            f"  processes {len(model.lanes)}{helpers}  spans {model.spans.height:,}",
+        )
     )
-    programs: Counter[str] = Counter()
-    for problem in model.problems:
-        found = _NOT_PYTHON.search(problem)
-        if found:  # expected (uname, lscpu, gcc, ...): one line for all of them, the JSON lists each
-            programs[found.group(1)] += 1
-            continue
+    for problem in real_problems(model):
         console.print(Text(f"warning: {problem}", style="yellow"))
-    if programs:
-        names = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in sorted(programs.items()))
+    programs = untraced_programs(model)
+    if programs:  # expected (uname, lscpu, gcc, ...): one line for all of them, the JSON lists each
+        names = ", ".join(f"{p['program']} x{p['count']}" if p["count"] > 1 else p["program"] for p in programs)
         console.print(
-            Text(f"note: {sum(programs.values())} launched children are not Python processes, so not traced: {names}")
+            Text(f"note: {sum(p['count'] for p in programs)} children not Python, so not traced (expected): {names}")
         )
 
 
@@ -193,8 +316,6 @@ def _first_token_line(model: RunModel, console: Console) -> None:
     if model.until == "first_token":
         console.print("breakdowns and the critical path below end at the first token (--until first-token)")
 
-
-_NOT_PYTHON = re.compile(rf"has no journal: {re.escape(NOT_PYTHON)} \((.+)\)$")
 
 
 def _nodes(model: RunModel, console: Console, wide: bool) -> None:
@@ -224,7 +345,7 @@ def _ranks_text(ranks: list[int]) -> str:
     return ",".join(str(r) for r in ranks)
 
 
-def _processes(model: RunModel, console: Console, wide: bool) -> None:
+def _processes(model: RunModel, console: Console, wide: bool, full: bool = False) -> None:
     many = wide or console.width >= 140
     cols = [
         Col("node" if any(lane.node for lane in model.lanes) else "process"),
@@ -234,9 +355,11 @@ def _processes(model: RunModel, console: Console, wide: bool) -> None:
         Col("cover", "right"),
         Col("top 5 imports (s)" if many else "top import (s)", flex=True),
     ]
+    groups = [] if full else fold_groups(model)
+    folded = {i for g in groups for i in g["lanes"]}
     for lane in model.lanes:
-        if lane.after_ready:
-            continue  # one line under the breakdown table
+        if lane.after_ready or lane.index in folded:
+            continue  # after ready: one line under the breakdown table; folded: one line per group below
         tops = lane.top_imports if many else lane.top_imports[:1]
         if many:
             top: Cell = ", ".join(f"{m} {d / 1e9:.3f}" for m, d in tops)
@@ -247,36 +370,52 @@ def _processes(model: RunModel, console: Console, wide: bool) -> None:
         coverage = "-" if lane.coverage is None else f"{lane.coverage * 100:.0f}%"
         _row(cols, label, lane.start_method or "-", ready, imports, coverage, top)
     _table(console, "processes", cols, wide)
+    short = short_labels(model)
+    for g in groups:
+        under = f"under {short[g['parent']]}: " if g["parent"] is not None else ""
+        console.print(Text(f"  {under}{g['text']}", style="dim"))
 
 
-def _phases(model: RunModel, console: Console, wide: bool) -> None:
+def _phases(model: RunModel, console: Console, wide: bool, full: bool = False) -> None:
     """Each process's exclusive breakdown of its time to ready (the parts add up to it); the
-    processes that started after the run was ready on one line."""
-    lanes = [lane for lane in model.lanes if lane.breakdown]
+    processes that started after the run was ready on one line. By default the short helpers are
+    left out and the parts that matter have a column (each at least MATTERS of some process's
+    time, the costliest first, as many as fit), the rest is `other`; `full`: every part that fits."""
+    folded = set() if full else {i for g in fold_groups(model) for i in g["lanes"]}
+    lanes = [lane for lane in model.lanes if lane.breakdown and lane.index not in folded]
     if not lanes:
         return
     totals: Counter[str] = Counter()
     for lane in lanes:
         totals.update(lane.breakdown)
-    # as many columns as the console has room for, the costliest first (all of them are in
-    # `report --json` and on the web page)
-    label_w = max(len(lane.label) for lane in lanes)
-    room = console.width - label_w - 10
+    matters = {
+        label for lane in lanes for label, ns in lane.breakdown.items() if ns >= MATTERS * max(1, lane.end - lane.start)
+    }
+    name = {lane.index: lane.label for lane in lanes} if full or wide else short_labels(model)
+    label_w = max(len(name[lane.index]) for lane in lanes)
+    room = console.width - label_w - 12 - (0 if full else 9)
     shown: list[str] = []
     for label in sorted(totals, key=lambda k: (-totals[k], k)):
         need = max(len(label), 7) + 3
-        if not wide and room - need < 0:
+        if (not full and label not in matters) or (not wide and room - need < 0):
             continue
         room -= need
         shown.append(label)
     hidden = len(totals) - len(shown)
-    title = "where each process's time to ready went (s; exclusive: the parts add up to its total)" + (
-        f" ({hidden} more parts in --json)" if hidden else ""
-    )
+    other = not full and hidden > 0
+    title = "where each process's time to ready went (s, exclusive: parts add up)"
+    if full and hidden:
+        title += f" ({hidden} more parts in --json)"
     cols = [Col("process"), Col("total", "right")] + [Col(label, "right") for label in shown]
+    if other:
+        cols.append(Col("other", "right"))
     for lane in lanes:
         parts = [lane.breakdown.get(label) for label in shown]
-        _row(cols, lane.label, _s((lane.end - lane.start) / 1e9), *(_s(ns / 1e9) if ns else "" for ns in parts))
+        cells = [_s(ns / 1e9) if ns else "" for ns in parts]
+        if other:
+            rest = sum(ns for label, ns in lane.breakdown.items() if label not in shown)
+            cells.append(_s(rest / 1e9) if rest else "")
+        _row(cols, name[lane.index], _s((lane.end - lane.start) / 1e9), *cells)
     _table(console, title, cols, wide)
     later = [lane for lane in model.lanes if lane.after_ready]
     if later:
@@ -286,7 +425,7 @@ def _phases(model: RunModel, console: Console, wide: bool) -> None:
             f"after ready: {len(later)} more process(es) ({', '.join(roles)}; pids {pids}), not part of time to ready"
         )
     by_phase = path_phases(model)
-    if by_phase:
+    if by_phase and full:  # by default the summary's bar says it
         cols = [Col("phase", flex=True), Col("seconds", "right"), Col("share", "right")]
         total = sum(by_phase.values()) or 1
         for label, ns in by_phase.items():
@@ -294,32 +433,38 @@ def _phases(model: RunModel, console: Console, wide: bool) -> None:
         _table(console, "time to ready by phase", cols, wide)
 
 
-def _weights_and_compile(model: RunModel, console: Console, wide: bool) -> None:
-    """Per process that read weight files or compiled graphs: files, GB, GB/s, filesystem; graphs,
-    compile-cache hits and misses, its compile seconds and the cache directory."""
+MATTERS = 0.05  # a part of a process's breakdown that has a column by default
+
+
+def _weights_and_compile(model: RunModel, console: Console, wide: bool, full: bool = False) -> None:
+    """Per process that read weight files: files, GB, GB/s, filesystem (by default only when a
+    slow_weights finding names them); per process that compiled: graphs, compile-cache hits and
+    misses, its compile seconds (and with `full` or `wide` the cache directory)."""
     weights = {f["lane"]: f for f in weight_facts(model)}
     compiled = {row["lane"]: row for row in compile_facts(model).to_dicts()}
-    if not weights and not compiled:
-        return
-    heads = ("files", "GB", "load s", "GB/s", "fs", "graphs", "hit", "miss", "compile s")
-    cols = [Col("process")] + [Col(h, "right") for h in heads] + [Col("compile cache", flex=True)]
-    for index in sorted(set(weights) | set(compiled)):
-        w, c = weights.get(index), compiled.get(index)
-        _row(
-            cols,
-            model.lanes[index].label,
-            str(w["files"]) if w else "",
-            f"{w['bytes'] / 1e9:.3f}" if w else "",
-            _s(w["seconds"]) if w else "",
-            f"{w['gbps']:.2f}" if w and w["gbps"] is not None else "",
-            ",".join(w["fs_types"]) if w else "",
-            str(c["graphs"]) if c else "",
-            str(c["hits"]) if c else "",
-            str(c["misses"]) if c else "",
-            _s(model.lanes[index].breakdown.get("compile", 0) / 1e9) if c else "",
-            ", ".join(c["cache_dirs"]) if c else "",
-        )
-    _table(console, "weights and compile", cols, wide)
+    if weights and (full or wide or any(f["kind"] == "slow_weights" for f in model.findings)):
+        cols = [Col("process")] + [Col(h, "right") for h in ("files", "GB", "load s", "GB/s")] + [Col("fs", flex=True)]
+        for index in sorted(weights):
+            w = weights[index]
+            gbps = f"{w['gbps']:.2f}" if w["gbps"] is not None else ""
+            fs = ",".join(w["fs_types"])
+            _row(cols, model.lanes[index].label, str(w["files"]), f"{w['bytes'] / 1e9:.3f}", _s(w["seconds"]), gbps, fs)
+        _table(console, "weights", cols, wide)
+    if compiled:
+        heads = ("graphs", "hit", "miss", "compile s")
+        cols = [Col("process")] + [Col(h, "right") for h in heads]
+        dirs = full or wide
+        name = {lane.index: lane.label for lane in model.lanes} if dirs else short_labels(model)
+        if dirs:
+            cols.append(Col("compile cache", flex=True))
+        for index in sorted(compiled):
+            c = compiled[index]
+            cells = [str(c["graphs"]), str(c["hits"]), str(c["misses"])]
+            cells.append(_s(model.lanes[index].breakdown.get("compile", 0) / 1e9))
+            if dirs:
+                cells.append(", ".join(c["cache_dirs"]))
+            _row(cols, name[index], *cells)
+        _table(console, "compile", cols, wide)
 
 
 def _in_progress(model: RunModel, console: Console, wide: bool) -> None:
@@ -357,23 +502,37 @@ def _cuda_line(model: RunModel, console: Console) -> None:
         console.print(Text("CUDA audit: clean", style="green"))  # issues are findings (cuda_before_fork)
 
 
-def _critical_path(model: RunModel, console: Console, wide: bool) -> None:
+def _critical_path(model: RunModel, console: Console, wide: bool, full: bool = False) -> None:
+    """The path's longest steps in time order (by default the PATH_STEPS longest; `full`: every
+    step of at least 1 ms), then the processes it went through."""
     if not model.critical_path:
         return
     cols = [Col("process"), Col("span", flex=True), Col("start s", "right"), Col("seconds", "right")]
-    steps = sorted(model.critical_path, key=lambda st: st.start - st.end)[:15]
+    if full:
+        steps = [st for st in model.critical_path if st.end - st.start >= 1_000_000]
+    else:
+        steps = sorted(model.critical_path, key=lambda st: st.start - st.end)[:PATH_STEPS]
     for st in sorted(steps, key=lambda st: st.start):
         suffix = "" if st.kind == "span" else f" ({st.kind})"
         name = _with_suffix(st.name, suffix)
         _row(cols, model.lanes[st.lane].label, name, _s(model.seconds(st.start)), f"{(st.end - st.start) / 1e9:.3f}")
-    _table(console, "critical path to ready", cols, wide)
+    title = "critical path to ready" + ("" if full else f" (its {len(steps)} longest steps; --full: all)")
+    _table(console, title, cols, wide)
     shares = path_by_lane(model.critical_path)
     if len(shares) > 1:
         total = sum(ns for _, ns in shares) or 1
+        if not full:  # one line: who holds the path
+            short = short_labels(model)
+            text = ", ".join(f"{short[lane]} {ns / total:.0%}" for lane, ns in shares[:4])
+            console.print(Text(f"on the path: {text}", style="dim"))
+            return
         cols = [Col("process", flex=True), Col("seconds", "right"), Col("share", "right")]
         for lane, ns in shares[:8]:
             _row(cols, model.lanes[lane].label, f"{ns / 1e9:.3f}", f"{ns / total:.0%}")
         _table(console, "critical path per process", cols, wide)
+
+
+PATH_STEPS = 5
 
 
 def _with_suffix(name: str, suffix: str) -> Callable[[int], str]:
@@ -392,6 +551,7 @@ def render_compare(cmp: Comparison, console: Console, wide: bool = False) -> Non
     for note in cmp.notes:
         console.print(Text(note))
     render_causes(cmp, console, wide)
+    _plan_check(cmp, console, wide)
     _preload_check(cmp, console, wide)
     _compile_check(cmp, console)
     until = "first token" if s.get("until") == "first_token" else "ready"
@@ -411,6 +571,8 @@ def _first_token_compare(cmp: Comparison, console: Console) -> None:
         for v, fmt in ((ttft.get("a"), ".3f"), (ttft.get("b"), ".3f"), (ttft.get("delta"), "+.3f"))
     )
     console.print(f"time to first token {a} s -> {b} s ({delta} s)", markup=False)
+
+
 def render_causes(cmp: Comparison, console: Console, wide: bool = False) -> None:
     """Why time to ready changed: the causes, ranked (analysis/causes.py), and the unexplained rest."""
     if not cmp.causes:
@@ -425,6 +587,28 @@ def render_causes(cmp: Comparison, console: Console, wide: bool = False) -> None
     if cmp.unexplained_s is not None:
         _row(cols, "unexplained", "", "", _signed(cmp.unexplained_s))
     _table(console, "why time to ready changed (causes, along the critical path)", cols, wide)
+
+
+def _plan_check(cmp: Comparison, console: Console, wide: bool) -> None:
+    """A's plan against B: per finding of A that saves time, the saving it predicted and the one B
+    realised (the critical-path time A spent in the finding's stretches minus B's in the same)."""
+    check = cmp.plan
+    if not check or not check.get("findings"):
+        return
+    cols = [Col("A's finding", flex=True)] + [Col(h, "right") for h in ("predicted s", "realised s", "acted on")]
+    for row in check["findings"]:
+        acted = "yes" if row["acted_on"] else "no"
+        _row(cols, row["kind"], _s(row["predicted_saving_s"]), _s(row["realised_saving_s"]), acted)
+    _row(cols, "time to ready", _s(check["predicted_saving_s"]), _s(check["realised_saving_s"]), "")
+    _table(console, "A's plan: saving predicted (A) vs realised (B)", cols, wide)
+    ready = check["ready_s"]
+    console.print(
+        Text(
+            f"A predicted {check['predicted_ready_s']:.1f} s with every action applied; B was ready in "
+            f"{ready['b']:.1f} s",
+            style="dim",
+        )
+    )
 
 
 def _delta_table(console: Console, title: str, rows: list[dict[str, Any]], wide: bool) -> None:

@@ -13,14 +13,18 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 
 
 @contextmanager
-def chromium_page(profile: Path) -> Iterator[tuple[Any, list[str]]]:
-    """(page, errors): a new page in a fresh Chromium profile under `profile`; `errors` fills with
-    the page's uncaught JavaScript errors."""
+def chromium_page(profile: Path, width: int = 1400, height: int = 1000) -> Iterator[tuple[Any, list[str]]]:
+    """(page, errors): a new page (viewport `width` x `height`) in a fresh Chromium profile under
+    `profile`; `errors` fills with the page's uncaught JavaScript errors."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(profile), executable_path=CHROMIUM, args=ARGS, headless=True, viewport={"width": 1400, "height": 1000}
+            str(profile),
+            executable_path=CHROMIUM,
+            args=ARGS,
+            headless=True,
+            viewport={"width": width, "height": height},
         )
         try:
             page = context.new_page()

@@ -218,3 +218,22 @@ def test_the_gate_refuses_the_unlike_pair_and_passes_a_start_against_itself(serv
     slower = _gate(warm.run_dir, served.run_dir, "--max-regression", "5", "--allow-unlike")
     assert slower.returncode == 1 and "regression" in slower.stderr, slower.stderr
     print("E2E-FIGURES gate", refused.stderr.strip(), "|", same.stderr.strip(), "|", slower.stderr.strip())
+
+
+def test_the_plan_covers_the_inspection_and_compare_checks_it_against_the_warm_start(
+    cold: RunModel, warm: Warm
+) -> None:
+    """The cold start's findings name the API server's wait for the model inspection helper
+    (vLLM's modelinfos cache, in the same VLLM_CACHE_ROOT), the plan replays the path without it
+    and the cold compile, and compare sets both against what the warm start realised."""
+    from starttrace.analysis.plan import plan
+
+    (inspection,) = [f for f in cold.findings if f["kind"] == "cold_model_inspection"]
+    assert "VLLM_CACHE_ROOT" in inspection["action"] and inspection["saving_s"] > 1
+    got = plan(cold)
+    assert {"cold_compile", "cold_model_inspection"} <= {p["kind"] for p in got["findings"]}
+    assert got["predicted_ready_s"] < cold.startup_s
+    assert got["saving_s"] <= got["sum_of_savings_s"] + 1e-6
+    rows = {r["kind"]: r for r in compare(cold, warm.model).plan["findings"]}
+    for kind in ("cold_compile", "cold_model_inspection"):
+        assert rows[kind]["acted_on"] and rows[kind]["realised_saving_s"] > 0, rows[kind]

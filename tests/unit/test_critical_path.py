@@ -104,7 +104,7 @@ def test_the_path_per_process_in_json_terminal_and_page() -> None:
     assert rows[0]["label"] == "worker rank 1 pid 111"  # bootstrap, model load and KV cache: 4.9 s
 
     out = io.StringIO()
-    render_report(m, Console(file=out, width=80, force_terminal=False, color_system=None))
+    render_report(m, Console(file=out, width=80, force_terminal=False, color_system=None), full=True)
     text = out.getvalue()
     table = text[text.index("critical path per process") :]
     assert table.splitlines()[3].split()[:5] == ["worker", "rank", "1", "pid", "111"]

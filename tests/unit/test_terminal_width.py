@@ -52,10 +52,10 @@ def long_names(run: Run) -> tuple[Run, set[str]]:
     return run, names
 
 
-def rendered(width: int, draw: object, *args: object, wide: bool = False) -> list[str]:
+def rendered(width: int, draw: object, *args: object, wide: bool = False, **kw: bool) -> list[str]:
     out = io.StringIO()
     console = Console(file=out, width=width, color_system=None)
-    draw(*args, console, wide=wide)  # type: ignore[operator]
+    draw(*args, console, wide=wide, **kw)  # type: ignore[operator]
     return out.getvalue().splitlines()
 
 
@@ -90,13 +90,17 @@ def test_abbreviate_keeps_last_components() -> None:
 @pytest.mark.parametrize("width", [80, 100])
 def test_report_fits(models: tuple[RunModel, RunModel, set[str]], width: int) -> None:
     a, _, names = models
-    lines = rendered(width, render_report, a)
+    lines = rendered(width, render_report, a, full=True)
     check_fits(lines, width, names, HEADERS["report"])
     titles = [line.strip() for line in lines]
     assert titles.index("findings") < titles.index("processes")  # findings first
     # the findings list names modules whole (wrapped at spaces)
     flat = " ".join(line.strip() for line in lines)
     assert PREFIX + "slowmod" in flat
+    # by default: the same fit, without the hotspots (--full), findings cut to two lines each
+    lines = rendered(width, render_report, a)
+    check_fits(lines, width, names, [h for h in HEADERS["report"] if h not in ("cumulative s", "self s")])
+    assert "import hotspots" not in "\n".join(lines)
 
 
 def test_compare_and_advise_fit(models: tuple[RunModel, RunModel, set[str]]) -> None:

@@ -2,9 +2,10 @@
 seconds, text, action}` plus kind-specific keys (docs/findings.md).
 
 Kinds: `stalled` (live runs), `cuda_before_fork`, `unused_forkserver`, `preload`, `straggler`,
-`cold_compile`, `slow_weights`, `graph_capture`, `kv_profile`, `lazy_first_request`, and the
-multi-node ones.
-Every view (JSON, page, terminal, `starttrace advise`) shows this same list, most severe first.
+`cold_compile`, `cold_model_inspection`, `slow_weights`, `graph_capture`, `kv_profile`,
+`lazy_first_request`, and the multi-node ones.
+Every view (JSON, page, terminal, `starttrace advise`) shows this same list, most severe first,
+then by `saving_s` (analysis.plan: each finding's own change of time to ready).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from starttrace.analysis.findings.cuda import cuda_audit, cuda_findings
 from starttrace.analysis.findings.first_request import lazy_first_request_findings
 from starttrace.analysis.findings.forkservers import unused_forkserver_findings
 from starttrace.analysis.findings.graphs import graph_capture_findings
+from starttrace.analysis.findings.inspection import inspection_findings
 from starttrace.analysis.findings.kv_profile import kv_profile_findings
 from starttrace.analysis.findings.nodes import node_findings
 from starttrace.analysis.findings.preload import preload_findings
@@ -25,6 +27,7 @@ from starttrace.analysis.findings.stalled import DEFAULT_STALL_S, stalled_findin
 from starttrace.analysis.findings.stragglers import straggler_findings
 from starttrace.analysis.findings.weights import slow_weights_findings
 from starttrace.analysis.model import RunModel
+from starttrace.analysis.plan import set_savings
 
 __all__ = ["cuda_audit", "find_all", "preload_advice_rows", "preload_modules", "stall_seconds"]
 
@@ -49,13 +52,15 @@ def find_all(model: RunModel, stall_s: float | None = None) -> list[dict[str, An
         *straggler_findings(model),
         *node_findings(model),
         *cold_compile_findings(model),
+        *inspection_findings(model),
         *slow_weights_findings(model),
         *graph_capture_findings(model),
         *kv_profile_findings(model),
         *lazy_first_request_findings(model),
     ]
+    set_savings(model, found)  # each finding's own change of time to ready (analysis.plan)
     rank = {sev: i for i, sev in enumerate(SEVERITIES)}
-    found.sort(key=lambda f: (rank.get(f["severity"], 9), -(f["seconds"] or 0)))
+    found.sort(key=lambda f: (rank.get(f["severity"], 9), -(f["saving_s"] or 0), -(f["seconds"] or 0)))
     return found
 
 

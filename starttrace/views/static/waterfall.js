@@ -32,6 +32,9 @@
   var data = null, lanes = [], fetchedAt = 0, totalUs = 1;
   var view = { t0: 0, t1: 1 }, userZoomed = false;
   var expanded = {}, selectedLane = -1;
+  // short helpers folded into one row per group under their parent (data.folded; the JSON keeps
+  // every lane): display rows are lanes ({lane: i}) and groups ({group: g}); a click opens a group
+  var groups = [], groupOf = {}, groupOpen = {}, display = [], pathOn = false;
   var drag = null, rafPending = false, refreshTimer = null, animTimer = null, detailTimer = null;
   var laneUrl = app.getAttribute("data-lane-url");
   var detailFetches = 0;
@@ -41,6 +44,20 @@
     var h = 0;
     for (var i = 0; i < phase.length; i++) { h = (h * 31 + phase.charCodeAt(i)) % 360; }
     return "hsl(" + h + ",45%,58%)";
+  }
+
+  // an axis label that fits its scale: "10 s", "2.5 s", "250 ms", "40 µs"
+  function fmtAxis(us, stepUs) {
+    var digits;
+    if (stepUs >= 1e6) {
+      digits = Math.max(0, Math.min(3, -Math.floor(Math.log10(stepUs / 1e6) + 1e-9)));
+      return (us / 1e6).toFixed(digits) + " s";
+    }
+    if (stepUs >= 1e3) {
+      digits = Math.max(0, Math.min(3, -Math.floor(Math.log10(stepUs / 1e3) + 1e-9)));
+      return (us / 1e3).toFixed(digits) + " ms";
+    }
+    return Math.round(us) + " µs";
   }
 
   function fmtDur(us) {
@@ -74,6 +91,36 @@
       addRows(ln, lane.spans || []);
       return ln;
     });
+    groups = json.folded || [];
+    groupOf = {};
+    groups.forEach(function (g, gi) { g.lanes.forEach(function (i) { groupOf[i] = gi; }); });
+  }
+
+  // the rows shown, in order: each lane that is not folded, then the groups folded under it (and,
+  // for an open group, its lanes); groups without a shown parent at the end
+  function displayRows() {
+    var out = [], placed = {};
+    function addGroups(parent) {
+      groups.forEach(function (g, gi) {
+        if (placed[gi] || g.parent !== parent) { return; }
+        placed[gi] = true;
+        out.push({ group: gi });
+        if (groupOpen[gi]) { g.lanes.forEach(function (i) { if (lanes[i]) { out.push({ lane: i }); } }); }
+      });
+    }
+    lanes.forEach(function (ln, i) {
+      if (groupOf[i] !== undefined) { return; }
+      out.push({ lane: i });
+      addGroups(i);
+    });
+    groups.forEach(function (g, gi) {
+      if (!placed[gi]) {
+        placed[gi] = true;
+        out.push({ group: gi });
+        if (groupOpen[gi]) { g.lanes.forEach(function (i) { if (lanes[i]) { out.push({ lane: i }); } }); }
+      }
+    });
+    return out;
   }
 
   function rowPos(s, i) { return s.length > 9 ? s[9] : i; }
@@ -192,12 +239,31 @@
 
   function layout() {
     var y = AXIS_H;
-    lanes.forEach(function (ln, i) {
-      ln.y = y;
-      ln.h = expanded[i] ? LANE_H + ln.rows.length * ROW_H + 4 : LANE_H;
-      y += ln.h;
+    display = displayRows();
+    lanes.forEach(function (ln) { ln.visible = false; ln.y = -1e9; });
+    display.forEach(function (row) {
+      row.y = y;
+      if (row.lane !== undefined) {
+        var ln = lanes[row.lane], i = row.lane;
+        ln.visible = true;
+        ln.y = y;
+        ln.h = expanded[i] ? LANE_H + ln.rows.length * ROW_H + 4 : LANE_H;
+        row.h = ln.h;
+      } else {
+        row.h = LANE_H;
+      }
+      y += row.h;
     });
     return y + 8;
+  }
+
+  // the y of a lane's row: its own, else its folded group's
+  function rowY(i) {
+    if (lanes[i] && lanes[i].visible) { return lanes[i].y; }
+    for (var k = 0; k < display.length; k++) {
+      if (display[k].group !== undefined && display[k].group === groupOf[i]) { return display[k].y; }
+    }
+    return null;
   }
 
   // ------------------------------------------------------------------ labels
@@ -208,7 +274,9 @@
     spacer.style.height = AXIS_H + "px";
     spacer.textContent = "process";
     labelsEl.appendChild(spacer);
-    lanes.forEach(function (ln, i) {
+    display.forEach(function (row) {
+      if (row.group !== undefined) { labelsEl.appendChild(groupLabel(row)); return; }
+      var i = row.lane, ln = lanes[i];
       var info = ln.info;
       var el = document.createElement("div");
       el.className = "lane-label role-" + String(info.role || "process").replace(/[^a-z_]/g, "");
@@ -242,9 +310,30 @@
       el.appendChild(role);
       el.appendChild(rest);
       if (info.in_progress && info.in_progress.length > 1) { el.className += " has-progress"; }
+      if (groupOf[i] !== undefined) { el.className += " in-group"; }
       el.addEventListener("click", function () { toggleLane(i); });
       labelsEl.appendChild(el);
     });
+  }
+
+  function groupLabel(row) {
+    var g = groups[row.group];
+    var el = document.createElement("div");
+    el.className = "lane-label group";
+    el.setAttribute("data-group", String(row.group));
+    el.setAttribute("data-lanes", g.lanes.join(","));
+    el.style.height = row.h + "px";
+    el.title = g.text + (g.parent_label ? " (under " + g.parent_label + ")" : "") + ": click to list them";
+    var caret = document.createElement("span");
+    caret.className = "caret";
+    caret.textContent = groupOpen[row.group] ? "▾" : "▸";
+    var text = document.createElement("span");
+    text.className = "ids";
+    text.textContent = g.text;
+    el.appendChild(caret);
+    el.appendChild(text);
+    el.addEventListener("click", function () { groupOpen[row.group] = !groupOpen[row.group]; resize(); });
+    return el;
   }
 
   function toggleLane(i) {
@@ -346,6 +435,93 @@
     }
   }
 
+  // a lane's bar over its window: the innermost phase at each instant (its exclusive timeline), so
+  // compile inside a busy loop reads as compile; long segments say their phase
+  function paintTimeline(ln, y, h, w, t0, t1) {
+    var segs = ln.info.timeline || [];
+    var lastPx = -1, named = [];
+    for (var k = 0; k < segs.length; k++) {
+      var sg = segs[k];
+      if (sg[1] < t0) { continue; }
+      if (sg[0] > t1) { break; }
+      var x0 = xOf(sg[0], w), x1 = xOf(sg[1], w);
+      if (x1 - x0 < 1) {
+        var px = Math.floor(x0);
+        if (px <= lastPx) { continue; }
+        lastPx = px;
+        ctx.fillStyle = phaseColor(sg[2]);
+        ctx.fillRect(px, y, 1, h);
+        continue;
+      }
+      lastPx = Math.floor(x1);
+      var cx0 = Math.max(x0, -2), cx1 = Math.min(x1, w + 2);
+      ctx.fillStyle = phaseColor(sg[2]);
+      ctx.fillRect(cx0, y, cx1 - cx0, h);
+      if (cx1 - cx0 > 54 && h >= 12) { named.push([cx0, cx1, sg]); }
+    }
+    // where each of its top spans begins (one import after another reads as such; spans fetched
+    // as the zoom deepens show here too)
+    ctx.fillStyle = "rgba(255,255,255,0.75)";
+    var lastX = -10;
+    for (var j = 0; j < ln.top.length; j++) {
+      var s0 = ln.top[j];
+      if (s0[4] > t1) { break; }
+      if (spanEnd(s0) < t0 || (s0[7] & F_INSTANT)) { continue; }
+      var sx = xOf(s0[4], w), ex = xOf(spanEnd(s0), w);
+      if (ex - sx >= 4 && sx - lastX >= 3) { ctx.fillRect(Math.round(sx), y, 1, h); lastX = sx; }
+    }
+    named.forEach(function (n) {  // the names last: no mark drawn across them
+      ctx.save();
+      ctx.beginPath(); ctx.rect(n[0], y, n[1] - n[0], h); ctx.clip();
+      ctx.fillStyle = "#111";
+      ctx.font = "11px system-ui, sans-serif";
+      ctx.fillText(n[2][2] + " " + fmtDur(n[2][1] - n[2][0]), Math.max(n[0], 0) + 3, y + h - 4);
+      ctx.restore();
+    });
+  }
+
+  // a folded group's row: each of its processes as a tick from its start to its end
+  function drawGroup(row, k, w, t0, t1) {
+    var g = groups[row.group];
+    ctx.fillStyle = k % 2 ? "#fbfbfc" : "#ffffff";
+    ctx.fillRect(0, row.y, w, row.h);
+    ctx.fillStyle = "#e6e8eb";
+    ctx.fillRect(0, row.y + row.h - 1, w, 1);
+    g.lanes.forEach(function (i) {
+      var info = lanes[i] && lanes[i].info;
+      if (!info || info.start_s === null) { return; }
+      var a = info.start_s * 1e6, b = (info.end_s === null ? info.start_s : info.end_s) * 1e6;
+      if (b < t0 || a > t1) { return; }
+      var x0 = xOf(a, w), x1 = xOf(b, w);
+      ctx.fillStyle = "#7f8a99";
+      ctx.fillRect(x0, row.y + 8, Math.max(2, x1 - x0), row.h - 16);
+    });
+  }
+
+  // the critical path across lanes: the rest dimmed, each step in its phase's colour, outlined,
+  // consecutive steps joined where the path moves to another lane
+  function drawPath(w, h) {
+    var steps = data.critical_path || [];
+    ctx.fillStyle = "rgba(255,255,255,0.6)";
+    ctx.fillRect(0, AXIS_H, w, h - AXIS_H);
+    var prev = null;
+    steps.forEach(function (st) {
+      var y = rowY(st.lane);
+      if (y === null || st.start_s === null || st.end_s === null) { return; }
+      var x0 = xOf(st.start_s * 1e6, w), x1 = xOf(st.end_s * 1e6, w);
+      if (prev && prev.y !== y) {
+        ctx.fillStyle = "#1f2430";
+        ctx.fillRect(Math.round(x0) - 1, Math.min(prev.y, y) + LANE_H / 2, 2, Math.abs(prev.y - y));
+      }
+      prev = { y: y };
+      if (x1 < 0 || x0 > w) { return; }
+      ctx.fillStyle = phaseColor(st.phase);
+      ctx.fillRect(x0, y + 4, Math.max(1, x1 - x0), LANE_H - 8);
+      ctx.strokeStyle = "#1f2430"; ctx.lineWidth = 1.5;
+      ctx.strokeRect(x0, y + 4, Math.max(1, x1 - x0), LANE_H - 8);
+    });
+  }
+
   function draw() {
     if (!data) { return; }
     var w = canvas.width / (window.devicePixelRatio || 1);
@@ -358,15 +534,22 @@
     var step = niceStep(t1 - t0, w);
     ctx.font = "11px system-ui, sans-serif";
     ctx.textBaseline = "alphabetic";
+    var ticks = [];
     for (var t = Math.ceil(t0 / step) * step; t <= t1; t += step) {
       var x = xOf(t, w);
       ctx.fillStyle = "#e3e6ea";
       ctx.fillRect(Math.round(x), AXIS_H, 1, h - AXIS_H);
       ctx.fillStyle = "#444";
-      ctx.fillText(fmtDur(t), x + 3, AXIS_H - 8);
+      ticks.push(fmtAxis(t, step));
+      ctx.fillText(ticks[ticks.length - 1], x + 3, AXIS_H - 8);
     }
+    canvas.setAttribute("data-axis", ticks.join("|"));  // what the axis says (the browser tests read it)
     // lanes
+    display.forEach(function (row, k) {
+      if (row.group !== undefined) { drawGroup(row, k, w, t0, t1); }
+    });
     lanes.forEach(function (ln, i) {
+      if (!ln.visible) { return; }
       ctx.fillStyle = i % 2 ? "#fbfbfc" : "#ffffff";
       ctx.fillRect(0, ln.y, w, ln.h);
       ctx.fillStyle = "#e6e8eb";
@@ -377,6 +560,7 @@
         ctx.fillRect(px0, ln.y + 3, Math.max(1, px1 - px0), LANE_H - 6);
       }
       drawRow(ln.top, ln.y + 5, LANE_H - 10, w, t0, t1);
+      paintTimeline(ln, ln.y + 5, LANE_H - 10, w, t0, t1);
       if (ln.overlay.length) { drawRow(ln.overlay, ln.y + LANE_H - 9, 5, w, t0, t1); }
       if (expanded[i]) {
         for (var r = 0; r < ln.rows.length; r++) {
@@ -394,6 +578,7 @@
       ctx.fillStyle = "#2ca02c";
       ctx.fillRect(rx, AXIS_H, 2, h - AXIS_H);
     }
+    if (pathOn) { drawPath(w, h); }
     if (data.live) {
       var nx = xOf(nowUs(), w);
       ctx.fillStyle = "rgba(214,39,40,0.6)";
@@ -437,7 +622,7 @@
     var tol = 3 / w * (view.t1 - view.t0);
     for (var i = 0; i < lanes.length; i++) {
       var ln = lanes[i];
-      if (y < ln.y || y >= ln.y + ln.h) { continue; }
+      if (!ln.visible || y < ln.y || y >= ln.y + ln.h) { continue; }
       var list;
       if (y < ln.y + LANE_H) {
         list = ln.top;
@@ -551,12 +736,18 @@
   document.getElementById("zoom-out").addEventListener("click", function () { zoom(2, 0.5); });
   document.getElementById("zoom-reset").addEventListener("click", function () { resetView(); requestDraw(); });
   document.getElementById("expand-all").addEventListener("click", function () {
-    var any = lanes.some(function (_, i) { return !expanded[i]; });
-    lanes.forEach(function (_, i) { expanded[i] = any; });
+    var any = lanes.some(function (ln, i) { return ln.visible && !expanded[i]; });
+    lanes.forEach(function (ln, i) { expanded[i] = any && ln.visible; });
     if (!any) { hideTree(); }
     resize();
   });
   window.addEventListener("resize", function () { resize(); });
+  document.getElementById("toggle-path").addEventListener("click", function (ev) {
+    pathOn = !pathOn;
+    ev.currentTarget.setAttribute("aria-pressed", pathOn ? "true" : "false");
+    document.body.setAttribute("data-path", pathOn ? "on" : "off");
+    requestDraw();
+  });
 
   // ------------------------------------------------------------------ import tree
   function hideTree() {
@@ -690,9 +881,11 @@
       .then(function (html) {
         if (!html) { return; }
         var doc = new DOMParser().parseFromString(html, "text/html");
-        var fresh = doc.getElementById("panels");
-        var old = document.getElementById("panels");
-        if (fresh && old) { old.replaceWith(document.importNode(fresh, true)); }
+        ["panels", "summary"].forEach(function (id) {  // the summary and plan follow a live run too
+          var fresh = doc.getElementById(id);
+          var old = document.getElementById(id);
+          if (fresh && old) { old.replaceWith(document.importNode(fresh, true)); }
+        });
       })
       .catch(function () { /* keep the old panels */ });
   }
