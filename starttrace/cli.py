@@ -105,8 +105,8 @@ def _load(run: str | None, directory: Path | None, clickhouse: str | None = None
 
 
 def _load_clickhouse(run: str | None, url: str) -> Run:
-    from starttrace.sources.clickhouse import ClickHouseRuns
-    from starttrace.sources.clickhouse_client import ClickHouseError, connect
+    from starttrace.sources.clickhouse.client import ClickHouseError, connect
+    from starttrace.sources.clickhouse.runs import ClickHouseRuns
 
     try:
         runs = ClickHouseRuns(connect(url))
@@ -435,7 +435,7 @@ def serve(
 ) -> None:
     """The starttrace service: OTLP/HTTP receiver, /startup waterfalls, /metrics."""
     from starttrace.service.server import serve as run_server
-    from starttrace.sources.clickhouse_client import ClickHouseError
+    from starttrace.sources.clickhouse.client import ClickHouseError
     from starttrace.sources.store import SchemaError
 
     try:
@@ -474,7 +474,7 @@ def fleet(
     and (by service.version) the phases that regressed from one version to the next."""
     from starttrace.service.app import _parse_time, default_db_path
     from starttrace.service.fleet import cli_answer
-    from starttrace.sources.clickhouse_client import ClickHouseError
+    from starttrace.sources.clickhouse.client import ClickHouseError
 
     try:
         since_ns, until_ns = _parse_time(since), _parse_time(until)

@@ -6,7 +6,7 @@ exporter_traces.go): Timestamp = start, lowercase hex ids ('' for no parent), Se
 resource, every attribute value as `pcommon.Value.AsString()` (internal/util.go AttributesToMap),
 ScopeName/ScopeVersion, Duration = end - start in ns, StatusCode and SpanKind as traceutil's
 strings, Events and Links as parallel arrays. `insert(client, rows)` writes them with one
-`INSERT ... FORMAT JSONEachRow` into the exporter's own table (`otel_traces_ddl.traces_ddl`).
+`INSERT ... FORMAT JSONEachRow` into the exporter's own table (`sources.clickhouse.ddl.traces_ddl`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from starttrace.sources.clickhouse_client import Client
-from starttrace.sources.otel_traces_ddl import traces_ddl
+from starttrace.sources.clickhouse.client import Client
+from starttrace.sources.clickhouse.ddl import traces_ddl
 
 # traceutil.SpanKindStr / StatusCodeStr
 SPAN_KINDS = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}

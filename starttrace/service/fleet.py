@@ -1,5 +1,5 @@
 """Deriving the fleet facts of runs, once each (`analysis.fleet.run_facts`), into a facts store
-(`sources.facts_store.FactsStore` or `sources.clickhouse_facts.ClickHouseFacts`): in the service's
+(`sources.facts_store.FactsStore` or `sources.clickhouse.facts.ClickHouseFacts`): in the service's
 background thread, and for `starttrace fleet`.
 """
 
@@ -179,9 +179,9 @@ def cli_answer(
     """`starttrace fleet`: the answer from ClickHouse (`clickhouse`) or the embedded store (`db`),
     the facts of runs that lack them derived first (`derive_first`)."""
     if clickhouse:
-        from starttrace.sources.clickhouse import ClickHouseRuns
-        from starttrace.sources.clickhouse_client import connect
-        from starttrace.sources.clickhouse_facts import ClickHouseFacts
+        from starttrace.sources.clickhouse.client import connect
+        from starttrace.sources.clickhouse.facts import ClickHouseFacts
+        from starttrace.sources.clickhouse.runs import ClickHouseRuns
 
         client = connect(clickhouse)
         facts: Any = ClickHouseFacts(client)

@@ -35,8 +35,8 @@ def expand(sql: str, by: str) -> str:
 
 @pytest.fixture(scope="module")
 def facts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from starttrace.sources.clickhouse_client import close_all, connect
-    from starttrace.sources.clickhouse_facts import ClickHouseFacts
+    from starttrace.sources.clickhouse.client import close_all, connect
+    from starttrace.sources.clickhouse.facts import ClickHouseFacts
 
     client = connect(f"chdb:{tmp_path_factory.mktemp('dash') / 'data'}")
     store = ClickHouseFacts(client)

@@ -179,8 +179,8 @@ def test_embedded_facts_store(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def ch_facts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("chdb")
-    from starttrace.sources.clickhouse_client import close_all, connect
-    from starttrace.sources.clickhouse_facts import ClickHouseFacts
+    from starttrace.sources.clickhouse.client import close_all, connect
+    from starttrace.sources.clickhouse.facts import ClickHouseFacts
 
     client = connect(f"chdb:{tmp_path_factory.mktemp('chfacts') / 'data'}")
     yield ClickHouseFacts(client)

@@ -59,7 +59,7 @@ def fill_dir(data: Path) -> None:
 
 
 def _fill_here(data: Path) -> None:
-    from starttrace.sources.clickhouse_client import close_all, connect
+    from starttrace.sources.clickhouse.client import close_all, connect
 
     client = connect(f"chdb:{data}")
     create_tables(client)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from starttrace.sources.otel_traces_ddl import DEFAULT_DATABASE, DEFAULT_TABLE
+from starttrace.sources.clickhouse.ddl import DEFAULT_DATABASE, DEFAULT_TABLE
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 

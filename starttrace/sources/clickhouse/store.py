@@ -10,8 +10,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 from starttrace.run import Run
-from starttrace.sources.clickhouse import ClickHouseRuns
-from starttrace.sources.clickhouse_client import Client, connect
+from starttrace.sources.clickhouse.client import Client, connect
+from starttrace.sources.clickhouse.runs import ClickHouseRuns
 
 
 class SingleRuns:

@@ -18,7 +18,7 @@ from typing import Any
 import polars as pl
 
 from starttrace.run import COLUMN_KEYS, SPAN_SCHEMA, Process, Run, Span, empty_spans, int_or_none, span_of
-from starttrace.sources.clickhouse_client import Client
+from starttrace.sources.clickhouse.client import Client
 
 RUN_KEY = "starttrace.run_id"
 # the process key: its instance id, else host and pid (a process exported without one)

@@ -13,8 +13,8 @@ import time
 from string import Template
 from typing import Any
 
-from starttrace.sources.clickhouse import LANE_SQL, RUN_SQL
-from starttrace.sources.clickhouse_client import Client, ident
+from starttrace.sources.clickhouse.client import Client, ident
+from starttrace.sources.clickhouse.runs import LANE_SQL, RUN_SQL
 
 FACTS_TABLE = "starttrace_runs"
 
