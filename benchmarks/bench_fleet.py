@@ -177,7 +177,7 @@ def prepare(data: Path, n: int, big_imports: int, derive_limit: int) -> dict[str
     from starttrace.service.fleet import Prefetching, derive, derive_all, direct_loader
 
     shutil.rmtree(data, ignore_errors=True)
-    client = connect(f"chdb:{data}")
+    client = connect(f"chdb:{data}", create=True)
     create_tables(client)
     t = time.perf_counter()
     big = fill(client, n, big_imports)

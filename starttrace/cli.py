@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -105,11 +106,13 @@ def _load(run: str | None, directory: Path | None, clickhouse: str | None = None
 
 
 def _load_clickhouse(run: str | None, url: str) -> Run:
-    from starttrace.sources.clickhouse.client import ClickHouseError, connect
+    from starttrace.sources.clickhouse.client import ClickHouseError, check_traces_table, connect
     from starttrace.sources.clickhouse.runs import ClickHouseRuns
 
     try:
-        runs = ClickHouseRuns(connect(url))
+        client = connect(url)
+        check_traces_table(client)
+        runs = ClickHouseRuns(client)
         run_id = run or runs.latest_run_id()
         the_run = runs.load_run(run_id) if run_id else None
     except ClickHouseError as exc:
@@ -452,6 +455,8 @@ def serve(
         )
     except (SchemaError, ValueError, ClickHouseError) as exc:
         raise _fail(str(exc)) from None
+    except sqlite3.DatabaseError as exc:  # --db names a file that is not SQLite
+        raise _fail(f"{db or 'the store'}: not a starttrace store (SQLite): {exc}") from None
 
 
 @app.command()
@@ -481,6 +486,8 @@ def fleet(
         answer = cli_answer(by, since_ns, until_ns, service, clickhouse, db or default_db_path(), derive)
     except (ValueError, ClickHouseError) as exc:
         raise _fail(str(exc)) from None
+    except sqlite3.DatabaseError as exc:  # --db names a file that is not SQLite
+        raise _fail(f"{db or 'the store'}: not a starttrace store (SQLite): {exc}") from None
     if as_json:
         sys.stdout.write(json.dumps(answer, indent=2) + "\n")
         return

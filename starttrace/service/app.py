@@ -379,6 +379,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Startup waterfalls of multi-process Python servers (OTLP receiver + journal reader).",
         lifespan=lifespan,
     )
+    @app.exception_handler(ClickHouseError)
+    async def store_unavailable(request: Request, exc: ClickHouseError) -> JSONResponse:
+        """Any route whose store (ClickHouse) failed: 503 with the engine's message, never a bare 500."""
+        return JSONResponse({"error": f"ClickHouse: {exc}"[:2000]}, status_code=503, headers={"Retry-After": "5"})
+
     app.state.store = store
     app.state.cache = cache
     app.state.counters = counters

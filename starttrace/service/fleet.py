@@ -179,11 +179,12 @@ def cli_answer(
     """`starttrace fleet`: the answer from ClickHouse (`clickhouse`) or the embedded store (`db`),
     the facts of runs that lack them derived first (`derive_first`)."""
     if clickhouse:
-        from starttrace.sources.clickhouse.client import connect
+        from starttrace.sources.clickhouse.client import check_traces_table, connect
         from starttrace.sources.clickhouse.facts import ClickHouseFacts
         from starttrace.sources.clickhouse.runs import ClickHouseRuns
 
         client = connect(clickhouse)
+        check_traces_table(client)
         facts: Any = ClickHouseFacts(client)
         if derive_first:
             pre = Prefetching(ClickHouseRuns(client).load_runs)

@@ -35,10 +35,13 @@ def expand(sql: str, by: str) -> str:
 
 @pytest.fixture(scope="module")
 def facts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from otel_clickhouse import create_tables
+
     from starttrace.sources.clickhouse.client import close_all, connect
     from starttrace.sources.clickhouse.facts import ClickHouseFacts
 
-    client = connect(f"chdb:{tmp_path_factory.mktemp('dash') / 'data'}")
+    client = connect(f"chdb:{tmp_path_factory.mktemp('dash') / 'data'}", create=True)
+    create_tables(client)  # the facts table lives beside otel_traces, in its database
     store = ClickHouseFacts(client)
     rows = synthetic_facts(120)
     rows[4]["findings"] = {"cold_compile": 12.0}

@@ -20,7 +20,7 @@ from starttrace.sources.clickhouse.runs import ClickHouseRuns, typed
 
 @pytest.fixture(scope="module")
 def ch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
-    client = connect(f"chdb:{tmp_path_factory.mktemp('chdb') / 'data'}")
+    client = connect(f"chdb:{tmp_path_factory.mktemp('chdb') / 'data'}", create=True)
     create_tables(client)
     yield client
     close_all()

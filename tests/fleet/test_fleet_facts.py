@@ -179,10 +179,13 @@ def test_embedded_facts_store(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def ch_facts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("chdb")
+    from otel_clickhouse import create_tables
+
     from starttrace.sources.clickhouse.client import close_all, connect
     from starttrace.sources.clickhouse.facts import ClickHouseFacts
 
-    client = connect(f"chdb:{tmp_path_factory.mktemp('chfacts') / 'data'}")
+    client = connect(f"chdb:{tmp_path_factory.mktemp('chfacts') / 'data'}", create=True)
+    create_tables(client)  # the facts table lives beside otel_traces, in its database
     yield ClickHouseFacts(client)
     close_all()
 

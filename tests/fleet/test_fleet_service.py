@@ -61,7 +61,7 @@ def fill_dir(data: Path) -> None:
 def _fill_here(data: Path) -> None:
     from starttrace.sources.clickhouse.client import close_all, connect
 
-    client = connect(f"chdb:{data}")
+    client = connect(f"chdb:{data}", create=True)
     create_tables(client)
     for run in _runs():
         insert(client, exporter_rows(to_protobuf(run)))

@@ -14,9 +14,17 @@ from string import Template
 from typing import Any
 
 from starttrace.sources.clickhouse.client import Client, ident
-from starttrace.sources.clickhouse.runs import LANE_SQL, RUN_SQL
+from starttrace.sources.clickhouse.ddl import DEFAULT_TABLE
+from starttrace.sources.clickhouse.runs import END_SQL, LANE_SQL, RUN_SQL
 
-FACTS_TABLE = "starttrace_runs"
+FACTS_TABLE = "starttrace_runs"  # beside the default traces table (otel_traces); others: facts_table()
+
+
+def facts_table(traces_table: str) -> str:
+    """The facts table of one traces table, in its database: facts are kept per traces table, so two
+    traces tables of one database never count each other's runs."""
+    return FACTS_TABLE if traces_table == DEFAULT_TABLE else f"{FACTS_TABLE}_{traces_table}"
+
 
 FACTS_DDL = """CREATE TABLE IF NOT EXISTS $facts (
     RunId String,
@@ -44,7 +52,7 @@ MISSING_SQL = f"""
 SELECT t.run_id AS run_id, t.rows AS rows
 FROM (
     SELECT {RUN_SQL} AS run_id, count() AS rows,
-           max(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)) AS last_ns
+           max({END_SQL}) AS last_ns
     FROM $traces WHERE run_id != '' GROUP BY run_id
 ) AS t
 LEFT JOIN (SELECT RunId, SpanRows, FactsVersion FROM $facts FINAL) AS f ON f.RunId = t.run_id
@@ -90,7 +98,7 @@ _MAX_NS = 2**63 - 1
 class ClickHouseFacts:
     def __init__(self, client: Client) -> None:
         self.client = client
-        self.facts = f"{ident(client.url.database)}.{ident(FACTS_TABLE)}"
+        self.facts = f"{ident(client.url.database)}.{ident(facts_table(client.url.table))}"
         self.traces = client.url.traces
         self._ready = False
         self._lock = threading.Lock()  # the table is created once (a request and the deriver may race)
@@ -103,7 +111,6 @@ class ClickHouseFacts:
             return
         with self._lock:
             if not self._ready:
-                self.client.command(f"CREATE DATABASE IF NOT EXISTS {ident(self.client.url.database)}")
                 self.client.command(self._sql(FACTS_DDL))
                 self._ready = True
 

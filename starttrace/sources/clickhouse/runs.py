@@ -45,6 +45,13 @@ _ATTRS_SQL = (
 )
 
 
+# A Duration no span can have (>= 2^62 ns, 146 years; the exporter writes 2^64-1 for a span that ends
+# before it starts): toInt64 of it would give an end before the start. Such a span is read as an
+# instant at its start and named in the run's problems.
+ABSURD_DURATION_SQL = "Duration >= 4611686018427387904"
+END_SQL = f"toUnixTimestamp64Nano(Timestamp) + toInt64(if({ABSURD_DURATION_SQL}, 0, Duration))"
+
+
 def _opt(key: str) -> str:
     return f"if(mapContains(SpanAttributes, '{key}'), SpanAttributes['{key}'], NULL)"
 
@@ -56,7 +63,7 @@ _LAUNCHED_BY = (
 
 SPANS_SQL = f"""
 SELECT run_id, lane, span_id, parent_id, name, start, end, in_progress, instant, error, thread, phase, module,
-       self_us, launched_by, attrs
+       self_us, launched_by, attrs, absurd
 FROM (
     SELECT
         {RUN_SQL} AS run_id,
@@ -65,9 +72,10 @@ FROM (
         nullIf(ParentSpanId, '') AS parent_id,
         toString(SpanName) AS name,
         toUnixTimestamp64Nano(Timestamp) AS start,
-        start + toInt64(Duration) AS end,
+        {ABSURD_DURATION_SQL} AS absurd,
+        start + toInt64(if(absurd, 0, Duration)) AS end,
         SpanAttributes['starttrace.in_progress'] = 'true' AS in_progress,
-        Duration = 0 AND NOT in_progress AS instant,
+        (Duration = 0 OR absurd) AND NOT in_progress AS instant,
         multiIf(StatusCode IN ('Error', 'STATUS_CODE_ERROR'), if(StatusMessage != '', StatusMessage, 'error'),
                 has(Events.Name, 'exception'), 'exception', NULL) AS error,
         toInt64OrNull(SpanAttributes['thread.id']) AS thread,
@@ -100,7 +108,7 @@ SELECT
     any(TraceId) AS trace_id,
     anyIf(ServiceName, ServiceName != '') AS service,
     toUnixTimestamp64Nano(min(Timestamp)) AS start_ns,
-    max(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)) AS end_ns,
+    max({END_SQL}) AS end_ns,
     uniqExact({LANE_SQL}) AS processes,
     count() AS spans
 FROM $traces
@@ -257,11 +265,20 @@ def _span_table(table: Any, keep_run: bool = False) -> pl.DataFrame:
     assert isinstance(frame, pl.DataFrame)
     cols = [pl.col(name).cast(dtype) for name, dtype in SPAN_SCHEMA.items()]
     return frame.with_columns(pl.lit(None, dtype=pl.Binary()).alias("attrs_pb")).select(
-        [pl.col("run_id"), *cols] if keep_run else cols
+        [pl.col("run_id"), *cols, pl.col("absurd")] if keep_run else [*cols, pl.col("absurd")]
     )
 
 
 def _assemble(run_id: str, trace_id: str, procs: list[dict[str, Any]], spans: pl.DataFrame) -> Run:
+    problems: list[str] = []
+    if "absurd" in spans.columns:
+        absurd = int(spans.get_column("absurd").cast(pl.Int64).sum() or 0)
+        spans = spans.drop("absurd")
+        if absurd:
+            problems.append(
+                f"{absurd} span(s) with an impossible Duration in ClickHouse (2^62 ns or more, e.g. 2^64-1 for an end"
+                " before the start): read as instants at their start"
+            )
     # roots: `startup` spans whose parent is not a span of the run
     is_root = (pl.col("name") == "startup") & (
         pl.col("parent_id").is_null() | ~pl.col("parent_id").is_in(spans.get_column("span_id").implode())
@@ -300,7 +317,7 @@ def _assemble(run_id: str, trace_id: str, procs: list[dict[str, Any]], spans: pl
         root_span_id=root_spans[0].span_id if root_spans else "",
         meta={},
         processes=processes,
-        problems=[],
+        problems=problems,
         root_spans=root_spans,
         spans=rest,
         service=services[0] if services else None,
