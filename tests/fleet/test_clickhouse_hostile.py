@@ -214,6 +214,7 @@ def test_store_errors_on_requests_are_503_json(in_process: tuple[Any, Any]) -> N
         "/compare?a=r-a&b=r-b",
         "/runs/r-a/export?format=perfetto",
         "/metrics",
+        "/fleet",
     ):
         got = http.get(path)
         assert got.status_code == 503, (path, got.status_code, got.text[:300])

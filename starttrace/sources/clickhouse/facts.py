@@ -1,8 +1,16 @@
-"""Per-run facts in ClickHouse (`starttrace_runs`, beside `otel_traces`) and the fleet query over them.
+"""Per-run facts over ClickHouse, for the fleet answer (`service.fleet.fleet_of` feeds them to
+`analysis.fleet.fleet_answer`, the one grouping implementation).
 
-A ReplacingMergeTree keyed by run id, versioned by when the facts were derived; reads take the newest
-row (`FINAL`). Quantiles, per-phase groups and the slowest runs are computed in SQL, so only groups and
-a few rows come back to Python (`service.fleet.fleet_of` shapes them with `analysis.fleet.answer`).
+A run's facts come from its `starttrace.run` span in `otel_traces` (the run's exporter computed
+them; run/facts_attrs.py; the latest export of a run wins), else from the facts table beside the
+traces table (`starttrace_runs` for `otel_traces`, `starttrace_runs_<table>` for another: facts are
+kept per traces table), which the service or `starttrace fleet` fills by deriving the runs that
+have no such span. Only facts of the current definition (`FACTS_VERSION`) count; every other run
+in range is `pending`, so that runs + pending = all runs in range.
+
+The facts table is a ReplacingMergeTree keyed by run id, versioned by when the facts were derived;
+reads take the newest row (`FINAL`). Its `Facts` column holds the whole facts as JSON (fields other
+code adds travel); the typed columns beside it are what the Grafana dashboard reads.
 """
 
 from __future__ import annotations
@@ -13,9 +21,10 @@ import time
 from string import Template
 from typing import Any
 
+from starttrace.run.facts_attrs import SPAN_NAME, VERSION_KEY, facts_from_attributes
 from starttrace.sources.clickhouse.client import Client, ident
 from starttrace.sources.clickhouse.ddl import DEFAULT_TABLE
-from starttrace.sources.clickhouse.runs import END_SQL, LANE_SQL, RUN_SQL
+from starttrace.sources.clickhouse.runs import END_SQL, RUN_SQL, STARTUP_SQL
 
 FACTS_TABLE = "starttrace_runs"  # beside the default traces table (otel_traces); others: facts_table()
 
@@ -42,57 +51,65 @@ FACTS_DDL = """CREATE TABLE IF NOT EXISTS $facts (
     Findings Map(LowCardinality(String), Float64),
     Identity Map(LowCardinality(String), String),
     Processes UInt32,
-    Spans UInt64
+    Spans UInt64,
+    Facts String DEFAULT ''
 ) ENGINE = ReplacingMergeTree(DerivedAt)
 ORDER BY RunId"""
 
-# runs whose facts are missing or stale: none yet, fewer span rows than now (the Collector wrote
-# more), or an older facts definition; and quiet for `idle_s` (no span ended since)
+# a table made before the Facts column (its rows read from the typed columns)
+FACTS_COLUMN_DDL = "ALTER TABLE $facts ADD COLUMN IF NOT EXISTS Facts String DEFAULT ''"
+
+# the runs whose exporter shipped facts of this definition: their latest `starttrace.run` span
+_SPAN_FACTS = f"""
+    SELECT {RUN_SQL} AS run_id,
+           argMax(SpanAttributes, (toUInt32OrZero(SpanAttributes['starttrace.run.export_seq']), {END_SQL})) AS attrs
+    FROM $traces
+    WHERE SpanName = '{SPAN_NAME}' AND run_id != ''
+      AND toUInt32OrZero(SpanAttributes['{VERSION_KEY}']) = {{facts_version:UInt32}}
+      $span_filter
+    GROUP BY run_id
+"""
+SPAN_FACTS_SQL = _SPAN_FACTS.replace("$span_filter", "$range_filter")
+_SPAN_FACT_IDS = "SELECT run_id FROM (" + _SPAN_FACTS.replace("$span_filter", "") + ")"
+
+TABLE_FACTS_SQL = f"""
+SELECT * FROM $facts FINAL
+WHERE FactsVersion = {{facts_version:UInt32}} $table_filter AND RunId NOT IN ({_SPAN_FACT_IDS})
+"""
+
+# runs in range that have no facts of this definition yet (neither a span nor a derived row)
+PENDING_SQL = f"""
+SELECT count() AS pending FROM (
+    SELECT {RUN_SQL} AS run_id, toUnixTimestamp64Nano(min(Timestamp)) AS start_ns,
+           anyIf(ServiceName, ServiceName != '') AS service
+    FROM $traces WHERE run_id != '' AND {STARTUP_SQL}
+    GROUP BY run_id
+)
+WHERE start_ns >= {{since:Int64}} AND start_ns <= {{until:Int64}} $service_filter
+  AND run_id NOT IN ({_SPAN_FACT_IDS})
+  AND run_id NOT IN (SELECT RunId FROM $facts FINAL WHERE FactsVersion = {{facts_version:UInt32}})
+"""
+
+# runs whose facts are missing or stale: no span of this definition, and no row yet, fewer span rows
+# than now (the Collector wrote more), or an older facts definition; and quiet for `idle_s`
 MISSING_SQL = f"""
 SELECT t.run_id AS run_id, t.rows AS rows
 FROM (
-    SELECT {RUN_SQL} AS run_id, count() AS rows,
-           max({END_SQL}) AS last_ns
-    FROM $traces WHERE run_id != '' GROUP BY run_id
+    SELECT {RUN_SQL} AS run_id, count() AS rows, max({END_SQL}) AS last_ns
+    FROM $traces WHERE run_id != '' AND {STARTUP_SQL} GROUP BY run_id
 ) AS t
 LEFT JOIN (SELECT RunId, SpanRows, FactsVersion FROM $facts FINAL) AS f ON f.RunId = t.run_id
 WHERE (f.RunId = '' OR f.SpanRows != t.rows OR f.FactsVersion < {{facts_version:UInt32}})
   AND t.last_ns <= {{quiet_before:Int64}}
+  AND t.run_id NOT IN ({_SPAN_FACT_IDS})
 ORDER BY t.last_ns DESC
-LIMIT {{limit:UInt32}}
-"""
-
-_FILTER = """
-WHERE 1 $service_filter
-  AND Start >= fromUnixTimestamp64Nano({since:Int64}) AND Start <= fromUnixTimestamp64Nano({until:Int64})
-"""
-
-GROUPS_SQL = f"""
-SELECT Identity[{{by:String}}] AS value, count() AS runs, toUnixTimestamp64Nano(min(Start)) AS first_ns,
-       quantilesIf(0.5, 0.95)(TimeToReadyS, TimeToReadyS IS NOT NULL) AS ttr
-FROM $facts FINAL {_FILTER}
-GROUP BY value
-"""
-
-PHASES_SQL = f"""
-SELECT Identity[{{by:String}}] AS value, phase, quantiles(0.5, 0.95)(secs) AS q
-FROM $facts FINAL
-ARRAY JOIN mapKeys(Phases) AS phase, mapValues(Phases) AS secs
-{_FILTER}
-GROUP BY value, phase
-"""
-
-SLOWEST_SQL = f"""
-SELECT RunId AS run_id, ServiceName AS service, Identity[{{by:String}}] AS value,
-       TimeToReadyS AS time_to_ready_s, toUnixTimestamp64Nano(Start) AS start_ns
-FROM $facts FINAL {_FILTER} AND TimeToReadyS IS NOT NULL
-ORDER BY TimeToReadyS DESC, RunId
 LIMIT {{limit:UInt32}}
 """
 
 FACTS_SQL = "SELECT * FROM $facts FINAL WHERE RunId = {run:String}"
 
 _MAX_NS = 2**63 - 1
+_UNTIL = _MAX_NS // 10 * 9  # DateTime64(9) ends in 2262
 
 
 class ClickHouseFacts:
@@ -107,11 +124,13 @@ class ClickHouseFacts:
         return Template(template).substitute(facts=self.facts, traces=self.traces, **parts)
 
     def ensure_table(self) -> None:
+        """The facts table (the one thing starttrace creates in a ClickHouse it reads)."""
         if self._ready:
             return
         with self._lock:
             if not self._ready:
                 self.client.command(self._sql(FACTS_DDL))
+                self.client.command(self._sql(FACTS_COLUMN_DDL))
                 self._ready = True
 
     def write(self, facts: list[dict[str, Any]]) -> None:
@@ -138,6 +157,7 @@ class ClickHouseFacts:
                 "Identity": f["identity"],
                 "Processes": f["processes"],
                 "Spans": f["spans"],
+                "Facts": json.dumps(f, separators=(",", ":"), sort_keys=True),
             }
             for f in facts
         )
@@ -147,8 +167,8 @@ class ClickHouseFacts:
     def missing(
         self, limit: int = 1000, idle_s: float = 5.0, facts_version: int = 0, now_ns: int | None = None
     ) -> list[str]:
-        """Run ids whose facts are missing or stale (fewer span rows than now, or derived by a facts
-        definition older than `facts_version`), newest first, quiet for `idle_s`."""
+        """Run ids whose facts are missing or stale (no `starttrace.run` span of `facts_version`, and
+        no row, fewer span rows than now, or a row of an older definition), newest first, quiet for `idle_s`."""
         self.ensure_table()
         now = time.time_ns() if now_ns is None else now_ns
         params = {"facts_version": facts_version, "quiet_before": now - int(idle_s * 1e9), "limit": limit}
@@ -159,61 +179,98 @@ class ClickHouseFacts:
         rows = self.client.arrow(self._sql(FACTS_SQL), {"run": run_id}).to_pylist()
         return rows[0] if rows else None
 
-    def groups(
+    def rows(
         self,
-        key: str,
         since_ns: int | None = None,
         until_ns: int | None = None,
         service: str | None = None,
-        slowest: int = 10,
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
-        """(groups, slowest runs, runs) per value of identity key `key`, quantiles computed in SQL."""
+        facts_version: int = 0,
+    ) -> list[dict[str, Any]]:
+        """The facts of every run in range that has facts of `facts_version`: from its latest
+        `starttrace.run` span, else from the facts table."""
         self.ensure_table()
         params: dict[str, Any] = {
-            "by": key,
+            "facts_version": facts_version,
             "since": since_ns if since_ns is not None else 0,
-            "until": until_ns if until_ns is not None else _MAX_NS // 10 * 9,  # DateTime64(9) ends in 2262
-            "limit": slowest,
+            "until": until_ns if until_ns is not None else _UNTIL,
+        }
+        span_filter = " AND Timestamp >= fromUnixTimestamp64Nano({since:Int64})"
+        span_filter += " AND Timestamp <= fromUnixTimestamp64Nano({until:Int64})"
+        table_filter = " AND Start >= fromUnixTimestamp64Nano({since:Int64})"
+        table_filter += " AND Start <= fromUnixTimestamp64Nano({until:Int64})"
+        if service is not None:
+            span_filter += " AND SpanAttributes['starttrace.run.service'] = {service:String}"
+            table_filter += " AND ServiceName = {service:String}"
+            params["service"] = service
+        spans = self.client.arrow(self._sql(SPAN_FACTS_SQL, range_filter=span_filter), params)
+        out = [facts_from_attributes(dict(attrs)) for attrs in spans.column("attrs").to_pylist()]
+        table = self.client.arrow(self._sql(TABLE_FACTS_SQL, table_filter=table_filter), params)
+        out.extend(_row_facts(row) for row in table.to_pylist())
+        return out
+
+    def pending(
+        self,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
+        service: str | None = None,
+        facts_version: int = 0,
+    ) -> int:
+        """How many runs in range have no facts of `facts_version` yet (being derived)."""
+        self.ensure_table()
+        params: dict[str, Any] = {
+            "facts_version": facts_version,
+            "since": since_ns if since_ns is not None else 0,
+            "until": until_ns if until_ns is not None else _UNTIL,
         }
         service_filter = ""
         if service is not None:
-            service_filter = "AND ServiceName = {service:String}"
+            service_filter = "AND service = {service:String}"
             params["service"] = service
-        parts = {"service_filter": service_filter}
-        groups: dict[str, dict[str, Any]] = {}
-        runs = 0
-        for row in self.client.arrow(self._sql(GROUPS_SQL, **parts), params).to_pylist():
-            runs += int(row["runs"])
-            groups[row["value"]] = {
-                "value": row["value"],
-                "runs": int(row["runs"]),
-                "first_ns": int(row["first_ns"]),
-                "time_to_ready_s": _quantiles(row["ttr"] if row["runs"] else None),
-                "phases": {},
-            }
-        for row in self.client.arrow(self._sql(PHASES_SQL, **parts), params).to_pylist():
-            group = groups.get(row["value"])
-            if group is not None:
-                group["phases"][row["phase"]] = _quantiles(row["q"])
-        for group in groups.values():
-            group["phases"] = dict(sorted(group["phases"].items()))
-        top = self.client.arrow(self._sql(SLOWEST_SQL, **parts), params).to_pylist()
-        for row in top:
-            row["time_to_ready_s"] = round(float(row["time_to_ready_s"]), 6)
-            row["start_ns"] = int(row["start_ns"])
-        return list(groups.values()), top, runs
+        got = self.client.arrow(self._sql(PENDING_SQL, service_filter=service_filter), params)
+        return int(got.column(0)[0].as_py()) if got.num_rows else 0
 
 
-def _quantiles(values: list[float] | None) -> dict[str, float | None]:
-    if not values:
-        return {"p50": None, "p95": None}
-    # a group whose runs never became ready has NaN quantiles: reported as null
-    names = ("p50", "p95")
-    return {n: None if v is None or v != v else round(float(v), 6) for n, v in zip(names, values, strict=False)}
+def _row_facts(row: dict[str, Any]) -> dict[str, Any]:
+    """A facts-table row as `run_facts` gave it (its JSON; a row written before it, its columns)."""
+    if row.get("Facts"):
+        return dict(json.loads(row["Facts"]))
+
+    def as_dict(pairs: Any) -> dict[str, Any]:
+        return dict(pairs.items() if isinstance(pairs, dict) else pairs or [])
+
+    return {
+        "run_id": row["RunId"],
+        "trace_id": row["TraceId"],
+        "service": row["ServiceName"],
+        "start_ns": _ns(row["Start"]),
+        "status": row["Status"],
+        "time_to_ready_s": row["TimeToReadyS"],
+        "startup_s": row["StartupS"],
+        "phases": as_dict(row["Phases"]),
+        "role_phases": as_dict(row["RolePhases"]),
+        "findings": as_dict(row["Findings"]),
+        "identity": as_dict(row["Identity"]),
+        "processes": row["Processes"],
+        "spans": row["Spans"],
+        "version": row["SpanRows"],
+        "facts_version": row["FactsVersion"],
+    }
+
+
+def _ns(value: Any) -> int:
+    if isinstance(value, int):
+        return value
+    import datetime as dt
+
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return int(value.timestamp()) * 10**9 + value.microsecond * 1000
+    return int(value)
 
 
 def _ts(ns: int) -> str:
     return f"{ns // 10**9}.{ns % 10**9:09d}"
 
 
-__all__ = ["FACTS_TABLE", "LANE_SQL", "ClickHouseFacts"]
+__all__ = ["FACTS_TABLE", "ClickHouseFacts", "facts_table"]

@@ -18,6 +18,7 @@ from typing import Any
 import polars as pl
 
 from starttrace.run import COLUMN_KEYS, SPAN_SCHEMA, Process, Run, Span, empty_spans, int_or_none, span_of
+from starttrace.run.facts_attrs import SPAN_NAME as FACTS_SPAN
 from starttrace.sources.clickhouse.client import Client
 
 RUN_KEY = "starttrace.run_id"
@@ -27,6 +28,8 @@ LANE_SQL = (
     " concat(ResourceAttributes['host.name'], ':', ResourceAttributes['process.pid']))"
 )
 RUN_SQL = f"ResourceAttributes['{RUN_KEY}']"
+# the run's facts span (run/facts_attrs.py) is no startup span: kept out of every run query
+STARTUP_SQL = f"SpanName != '{FACTS_SPAN}'"
 
 # a value the exporter wrote with AsString(), typed back in SQL: ints, floats, bools and JSON
 # arrays/maps as JSON, everything else as a JSON string (`$$`: the SQL templates are string.Template)
@@ -85,7 +88,7 @@ FROM (
         {_LAUNCHED_BY} AS launched_by,
         {_ATTRS_SQL} AS attrs
     FROM $traces
-    WHERE $run_filter
+    WHERE $run_filter AND {STARTUP_SQL}
     ORDER BY run_id, lane, span_id, in_progress, end DESC
     LIMIT 1 BY run_id, lane, span_id
 )
@@ -96,7 +99,7 @@ PROCESSES_SQL = f"""
 SELECT {RUN_SQL} AS run_id, {LANE_SQL} AS lane, any(ResourceAttributes) AS resource,
        anyIf(ServiceName, ServiceName != '') AS service, any(TraceId) AS trace_id
 FROM $traces
-WHERE $run_filter
+WHERE $run_filter AND {STARTUP_SQL}
 GROUP BY run_id, lane
 """
 
@@ -112,7 +115,7 @@ SELECT
     uniqExact({LANE_SQL}) AS processes,
     count() AS spans
 FROM $traces
-WHERE run_id != '' $where
+WHERE run_id != '' AND {STARTUP_SQL} $where
 GROUP BY run_id
 HAVING 1 $having
 ORDER BY start_ns DESC, run_id
@@ -122,7 +125,7 @@ LIMIT {{limit:UInt32}}
 # one run: the bloom filter on TraceId finds its granules, the run id keeps other runs out
 _ONE_RUN = f"{RUN_SQL} = {{run:String}} AND TraceId IN {{traces:Array(String)}}"
 _RUNS = f"{RUN_SQL} IN {{runs:Array(String)}}"
-VERSION_SQL = f"SELECT count() FROM $traces WHERE {_ONE_RUN}"
+VERSION_SQL = f"SELECT count() FROM $traces WHERE {_ONE_RUN} AND {STARTUP_SQL}"
 MAX_KNOWN_RUNS = 100_000  # run ids whose trace ids are remembered
 
 # resource values kept as strings even when they look like numbers
