@@ -118,6 +118,45 @@ def exporter_rows(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
     return rows
 
 
+def facts_span_row(facts: dict[str, Any], export_seq: int = 1, end_ns: int | None = None) -> dict[str, Any]:
+    """The exporter's row of a run's `starttrace.run` facts span (views/otlp.py `facts_span`), with
+    the attributes as AsString writes them (tests of the fleet over facts that travel with the run)."""
+    from starttrace.run.facts_attrs import PHASE, SPAN_NAME, facts_attributes
+
+    def text(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return _go_float(v) if isinstance(v, float) else str(v)
+
+    start = int(facts["start_ns"])
+    attrs = {"starttrace.phase": PHASE, **facts_attributes(facts, export_seq)}
+    resource = {"service.name": facts["service"], "starttrace.run_id": facts["run_id"]}
+    return {
+        "Timestamp": _ts(start),
+        "TraceId": facts["trace_id"],
+        "SpanId": f"{export_seq + 1:016x}",
+        "ParentSpanId": "",
+        "TraceState": "",
+        "SpanName": SPAN_NAME,
+        "SpanKind": "Internal",
+        "ServiceName": facts["service"],
+        "ResourceAttributes": resource,
+        "ScopeName": "starttrace",
+        "ScopeVersion": "",
+        "SpanAttributes": {k: text(v) for k, v in attrs.items()},
+        "Duration": max(0, (end_ns or start + 10**9) - start),
+        "StatusCode": "Unset",
+        "StatusMessage": "",
+        "Events.Timestamp": [],
+        "Events.Name": [],
+        "Events.Attributes": [],
+        "Links.TraceId": [],
+        "Links.SpanId": [],
+        "Links.TraceState": [],
+        "Links.Attributes": [],
+    }
+
+
 def create_tables(client: Client) -> None:
     """The exporter's DDL (create_schema: true), on the client's database and table."""
     for stmt in traces_ddl(client.url.database, client.url.table):
