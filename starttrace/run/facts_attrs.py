@@ -17,7 +17,6 @@ dot after the prefix: field `identity`, key `service.name`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,8 +30,6 @@ SEQ_KEY = PREFIX + "export_seq"
 _META = frozenset({STR_FIELDS_KEY, SEQ_KEY})
 # the fields every facts row has (fleet_answer reads them), filled when a span lacks them
 _DICT_DEFAULTS = ("phases", "role_phases", "findings", "identity")
-_INT = re.compile(r"^-?(0|[1-9][0-9]{0,18})$")
-_FLOAT = re.compile(r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][-+]?[0-9]+)?$")
 
 
 def _attr_key(field: str, key: str | None = None) -> str:
@@ -66,16 +63,43 @@ def facts_attributes(facts: Mapping[str, Any], export_seq: int = 0) -> dict[str,
 
 
 def _typed(value: Any) -> Any:
-    """A value ClickHouse stored as a string (`AsString`), typed back; typed values pass through."""
-    if not isinstance(value, str):
+    """A value ClickHouse stored as a string (`AsString`), typed back; typed values pass through.
+    (No regular expression: this runs for every attribute of every run of a fleet answer.)"""
+    if type(value) is not str or not value:
         return value
-    if _INT.match(value):
-        return int(value)
-    if value in ("true", "false"):
-        return value == "true"
-    if _FLOAT.match(value):
-        return float(value)
+    if value[0] in _NUMBER_START and "_" not in value:
+        try:
+            return float(value) if "." in value or "e" in value or "E" in value else int(value)
+        except ValueError:
+            return value
+    if value == "true":
+        return True
+    if value == "false":
+        return False
     return value
+
+
+_NUMBER_START = frozenset("-0123456789")
+# attribute name -> (field, key in the field's dict or None for a scalar); names repeat across runs
+_NAMES: dict[str, tuple[str, str | None] | None] = {}
+
+
+def _name(attr: str) -> tuple[str, str | None] | None:
+    got = _NAMES.get(attr, False)
+    if got is not False:
+        return got  # type: ignore[return-value]
+    out: tuple[str, str | None] | None = None
+    if attr.startswith(PREFIX) and attr not in _META:
+        field, dot, key = attr[len(PREFIX) :].partition(".")
+        if not dot:
+            out = ("run_id" if field == "id" else field, None)
+        elif field == "phase" and key.endswith("_s"):
+            out = ("phases", key[:-2])
+        else:
+            out = (field, key)
+    if len(_NAMES) < 100_000:
+        _NAMES[attr] = out
+    return out
 
 
 def facts_from_attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,24 +107,20 @@ def facts_from_attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
     str_fields = set(str(attrs.get(STR_FIELDS_KEY) or "").split(","))
     out: dict[str, Any] = {}
     for attr, raw in attrs.items():
-        if not attr.startswith(PREFIX) or attr in _META:
+        name = _name(attr)
+        if name is None:
             continue
-        rest = attr[len(PREFIX) :]
-        field, dot, key = rest.partition(".")
-        if not dot:
-            name = "run_id" if field == "id" else field
-            if raw == "{}" and name not in str_fields:
-                out.setdefault(name, {})
-                continue
-            out[name] = str(raw) if name in str_fields else _typed(raw)
+        field, key = name
+        if key is None:
+            if raw == "{}" and field not in str_fields:
+                out.setdefault(field, {})
+            else:
+                out[field] = str(raw) if field in str_fields else _typed(raw)
             continue
-        if field == "phase" and key.endswith("_s"):
-            field, key = "phases", key[:-2]
-        value = str(raw) if field in str_fields else _typed(raw)
         target = out.get(field)
-        if not isinstance(target, dict):
+        if type(target) is not dict:
             target = out[field] = {}
-        target[key] = value
+        target[key] = str(raw) if field in str_fields else _typed(raw)
     for field in _DICT_DEFAULTS:
         out.setdefault(field, {})
     out.setdefault("time_to_ready_s", None)
