@@ -89,6 +89,7 @@ def test_spans_answer_the_fleet_without_deriving(ch: Client) -> None:
         _same(row, shipped[row["run_id"]])  # the latest export (at exit) wins over the one at ready
     first = fleet_of(facts, "service.version")
     assert first["runs"] == WITH_SPAN and first["pending"] == WITHOUT
+    _shows_progress(first)
     assert first["groups"] == fleet_answer(shipped.values(), "service.version")["groups"]
     # only the runs without a span are derived
     assert set(facts.missing(idle_s=0, facts_version=FACTS_VERSION)) == {f"edge-{i}" for i in range(WITH_SPAN, 9)}
@@ -106,3 +107,22 @@ def test_spans_answer_the_fleet_without_deriving(ch: Client) -> None:
     listed = {r["run_id"]: r for r in runs.list_runs()}
     assert listed["edge-0"]["spans"] == srun.span_count
     assert listed["edge-0"]["end_ns"] < T0 + 10**11  # not the export's end
+
+
+def _shows_progress(answer: dict[str, Any]) -> None:
+    """The page and the terminal say what is pending (the page reloads until it is complete)."""
+    from rich.console import Console
+
+    from starttrace.views.html import environment, render_page
+    from starttrace.views.terminal_fleet import render_fleet
+
+    page = render_page(environment(), "fleet.html", fleet=answer, since=None, until=None, service=None, source="x")
+    assert 'id="fleet-pending"' in page and f'<progress value="{WITH_SPAN}" max="{WITH_SPAN + WITHOUT}">' in page
+    assert 'http-equiv="refresh"' in page
+    console = Console(record=True, width=200)
+    render_fleet(dict(answer, source="x"), console)
+    assert f"{WITHOUT} more run(s) in range pending" in console.export_text()
+    done = render_page(
+        environment(), "fleet.html", fleet=dict(answer, pending=0), since=None, until=None, service=None, source="x"
+    )
+    assert 'id="fleet-pending"' not in done and "refresh" not in done

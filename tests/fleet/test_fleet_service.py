@@ -209,6 +209,7 @@ def test_cli_fleet_report_export_from_clickhouse(ch_dir: Path, tmp_path: Path, s
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["runs"] == RUNS and [g["value"] for g in doc["groups"]] == list(VERSIONS)
+    assert doc["pending"] == 0  # derived before the answer
     text = subprocess.run(
         [*cli, "fleet", "--clickhouse", f"chdb:{copy}", "--by", "tp"],
         env=_env(),
