@@ -167,13 +167,24 @@ def start_service(url: str, port: int) -> subprocess.Popen[bytes]:
 
 def measure(n: int, big_imports: int, derive_runs: int, workdir: Path) -> dict[str, Any]:
     data = workdir / f"chdb-edge-{n}"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, __file__, "--prepare", str(data), "--runs", str(n), "--big-imports", str(big_imports)]
-    cmd += ["--derive-runs", str(derive_runs)]
-    out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(out.stderr[-4000:])
-    res: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    kept = workdir / f"chdb-edge-{n}.json"
+    if kept.exists():  # prepared before (--keep): measured again with the code of now
+        res: dict[str, Any] = json.loads(kept.read_text())
+        forget = (  # the runs without facts spans: underived again
+            "import sys; sys.path[:0] = [sys.argv[2]]\n"
+            "from starttrace.sources.clickhouse.client import connect\n"
+            f"connect('chdb:' + sys.argv[1]).command('TRUNCATE TABLE IF EXISTS otel.starttrace_runs_{DERIVE_TABLE}')\n"
+        )
+        subprocess.run([sys.executable, "-c", forget, str(data), str(ROOT)], check=True, timeout=300)
+    else:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        cmd = [sys.executable, __file__, "--prepare", str(data), "--runs", str(n), "--big-imports", str(big_imports)]
+        cmd += ["--derive-runs", str(derive_runs)]
+        out = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(out.stderr[-4000:])
+        res = json.loads(out.stdout.strip().splitlines()[-1])
+        kept.write_text(json.dumps(res))
     # 1. runs that carry their facts: complete from the first answer
     port = free_port()
     proc = start_service(f"chdb:{data}", port)
@@ -237,13 +248,16 @@ def main() -> None:
     parser.add_argument("--big-imports", type=int, default=12000, help="imports per rank of the one large run")
     parser.add_argument("--derive-runs", type=int, default=300, help="runs without facts spans (derived)")
     parser.add_argument("--json", type=Path, help="write the results here too")
+    parser.add_argument("--keep", type=Path, help="keep the filled chdb directory here; a second run measures it again")
     parser.add_argument("--prepare", type=Path, help=argparse.SUPPRESS)  # internal: fill DIR
     args = parser.parse_args()
     if args.prepare is not None:
         print(json.dumps(prepare(args.prepare, args.runs, args.big_imports, args.derive_runs)))
         return
     with tempfile.TemporaryDirectory(prefix="bench-fleet-edge-") as tmp:
-        res = measure(args.runs, args.big_imports, args.derive_runs, Path(tmp))
+        workdir = args.keep or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        res = measure(args.runs, args.big_imports, args.derive_runs, workdir)
     print(json.dumps(res), flush=True)
     if args.json:
         args.json.write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")

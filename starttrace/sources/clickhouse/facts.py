@@ -65,10 +65,14 @@ _FACTS_SPANS = f"""
     FROM $traces
     WHERE SpanName = '{SPAN_NAME}' AND toUInt32OrZero(SpanAttributes['{VERSION_KEY}']) = {{facts_version:UInt32}}
 """
-SPAN_FACTS_SQL = f"""
-SELECT {RUN_SQL} AS run_id, toUInt32OrZero(SpanAttributes['{SEQ_KEY}']) AS seq, {END_SQL} AS end_ns,
-       toJSONString(SpanAttributes) AS attrs
+SPAN_KEYS_SQL = f"""
+SELECT {RUN_SQL} AS run_id, SpanId AS span_id, toUInt32OrZero(SpanAttributes['{SEQ_KEY}']) AS seq, {END_SQL} AS end_ns
 {_FACTS_SPANS} AND run_id != '' $range_filter
+"""
+# the attributes of the exports not parsed yet (all of them, on a first answer)
+SPAN_ATTRS_SQL = f"""
+SELECT SpanId AS span_id, toJSONString(SpanAttributes) AS attrs
+{_FACTS_SPANS} AND {RUN_SQL} != '' $range_filter $span_filter
 """
 _SPAN_FACT_IDS = f"SELECT DISTINCT {RUN_SQL} {_FACTS_SPANS}"
 _SPAN_FACT_TRACES = f"SELECT DISTINCT TraceId {_FACTS_SPANS}"
@@ -125,7 +129,7 @@ class ClickHouseFacts:
         self.facts = f"{ident(client.url.database)}.{ident(facts_table(client.url.table))}"
         self.traces = client.url.traces
         self._ready = False
-        self._parsed: dict[tuple[str, int, int], dict[str, Any]] = {}  # (run id, seq, end) -> facts
+        self._parsed: dict[tuple[str, str], dict[str, Any]] = {}  # (run id, facts span id) -> facts
         self._lock = threading.Lock()  # the table is created once (a request and the deriver may race)
 
     def _sql(self, template: str, **parts: str) -> str:
@@ -210,24 +214,27 @@ class ClickHouseFacts:
             span_filter += " AND SpanAttributes['starttrace.run.service'] = {service:String}"
             table_filter += " AND ServiceName = {service:String}"
             params["service"] = service
-        spans = self.client.arrow(self._sql(SPAN_FACTS_SQL, range_filter=span_filter), params)
-        latest: dict[str, tuple[int, int, int]] = {}  # run id -> (seq, end, row): the export at exit wins
-        for i, (rid, seq, end) in enumerate(
-            zip(*(spans.column(c).to_pylist() for c in ("run_id", "seq", "end_ns")), strict=True)
-        ):
+        keys = self.client.arrow(self._sql(SPAN_KEYS_SQL, range_filter=span_filter), params)
+        latest: dict[str, tuple[int, int, str]] = {}  # run id -> (seq, end, span): the export at exit wins
+        columns = (keys.column(c).to_pylist() for c in ("run_id", "seq", "end_ns", "span_id"))
+        for rid, seq, end, sid in zip(*columns, strict=True):
             if rid not in latest or (seq, end) > latest[rid][:2]:
-                latest[rid] = (seq, end, i)
-        texts = spans.column("attrs")
-        out = []
-        for rid, (seq, end, i) in latest.items():
-            key = (rid, seq, end)
-            facts = self._parsed.get(key)
-            if facts is None:  # each export is parsed once per process (a fleet answer reads every run)
-                facts = facts_from_attributes(json.loads(texts[i].as_py()))
-                if len(self._parsed) >= MAX_PARSED:
-                    self._parsed.clear()
-                self._parsed[key] = facts
-            out.append(dict(facts))
+                latest[rid] = (seq, end, sid)
+        # each export is parsed once per process (a fleet answer reads every run's facts)
+        todo = [sid for rid, (_, _, sid) in latest.items() if (rid, sid) not in self._parsed]
+        if todo:
+            only = ""
+            if len(todo) * 2 < len(latest):
+                only = "AND SpanId IN {spans:Array(String)}"
+                params["spans"] = todo
+            got = self.client.arrow(self._sql(SPAN_ATTRS_SQL, range_filter=span_filter, span_filter=only), params)
+            texts = dict(zip(got.column("span_id").to_pylist(), got.column("attrs").to_pylist(), strict=True))
+            if len(self._parsed) + len(todo) > MAX_PARSED:
+                self._parsed.clear()
+            for rid, (_, _, sid) in latest.items():
+                if sid in texts and (rid, sid) not in self._parsed:
+                    self._parsed[(rid, sid)] = facts_from_attributes(json.loads(texts[sid]))
+        out = [dict(self._parsed[(rid, sid)]) for rid, (_, _, sid) in latest.items() if (rid, sid) in self._parsed]
         table = self.client.arrow(self._sql(TABLE_FACTS_SQL, table_filter=table_filter), params)
         if table.num_rows:
             shipped = set(latest) | self._span_fact_ids(facts_version)  # a shipped span wins over a derived row
