@@ -84,6 +84,7 @@ def span_row(template_row: dict[str, Any], facts: dict[str, Any], resource: dict
     return dict(
         template_row,
         TraceId=facts["trace_id"],
+        SpanId=f"{int(facts['trace_id'], 16) & (2**63 - 1) | 2**62:016x}",  # its own, as every export's
         ResourceAttributes=resource,
         Timestamp=f"{ns // 10**9}.{ns % 10**9:09d}",
         SpanAttributes={k: as_string(v) for k, v in facts_attributes(facts, 1).items()} | {"starttrace.phase": "facts"},

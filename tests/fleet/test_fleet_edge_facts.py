@@ -126,3 +126,17 @@ def _shows_progress(answer: dict[str, Any]) -> None:
         environment(), "fleet.html", fleet=dict(answer, pending=0), since=None, until=None, service=None, source="x"
     )
     assert 'id="fleet-pending"' not in done and "refresh" not in done
+
+
+def test_exports_with_one_span_id_in_two_traces_stay_apart(ch: Client) -> None:
+    """OTLP span ids are unique within a trace only: two runs' facts spans may share one."""
+    from fleet_rows import synthetic_facts
+    from otel_clickhouse import facts_span_row
+
+    rows = synthetic_facts(4)
+    insert(ch, [facts_span_row(f, 1) for f in rows])  # the same SpanId in every run's trace
+    got = {f["run_id"]: f for f in ClickHouseFacts(ch).rows(facts_version=FACTS_VERSION)}
+    assert set(got) == {f["run_id"] for f in rows}
+    for f in rows:
+        assert got[f["run_id"]]["time_to_ready_s"] == f["time_to_ready_s"]
+        assert got[f["run_id"]]["identity"] == f["identity"]

@@ -71,7 +71,7 @@ SELECT {RUN_SQL} AS run_id, SpanId AS span_id, toUInt32OrZero(SpanAttributes['{S
 """
 # the attributes of the exports not parsed yet (all of them, on a first answer)
 SPAN_ATTRS_SQL = f"""
-SELECT SpanId AS span_id, toJSONString(SpanAttributes) AS attrs
+SELECT {RUN_SQL} AS run_id, SpanId AS span_id, toJSONString(SpanAttributes) AS attrs
 {_FACTS_SPANS} AND {RUN_SQL} != '' $range_filter $span_filter
 """
 _SPAN_FACT_IDS = f"SELECT DISTINCT {RUN_SQL} {_FACTS_SPANS}"
@@ -228,12 +228,15 @@ class ClickHouseFacts:
                 only = "AND SpanId IN {spans:Array(String)}"
                 params["spans"] = todo
             got = self.client.arrow(self._sql(SPAN_ATTRS_SQL, range_filter=span_filter, span_filter=only), params)
-            texts = dict(zip(got.column("span_id").to_pylist(), got.column("attrs").to_pylist(), strict=True))
+            # span ids are unique within a trace only: an export is its run id and span id
+            names = zip(got.column("run_id").to_pylist(), got.column("span_id").to_pylist(), strict=True)
+            texts = dict(zip(names, got.column("attrs").to_pylist(), strict=True))
             if len(self._parsed) + len(todo) > MAX_PARSED:
                 self._parsed.clear()
             for rid, (_, _, sid) in latest.items():
-                if sid in texts and (rid, sid) not in self._parsed:
-                    self._parsed[(rid, sid)] = facts_from_attributes(json.loads(texts[sid]))
+                text = texts.get((rid, sid))
+                if text is not None and (rid, sid) not in self._parsed:
+                    self._parsed[(rid, sid)] = facts_from_attributes(json.loads(text))
         out = [dict(self._parsed[(rid, sid)]) for rid, (_, _, sid) in latest.items() if (rid, sid) in self._parsed]
         table = self.client.arrow(self._sql(TABLE_FACTS_SQL, table_filter=table_filter), params)
         if table.num_rows:
