@@ -80,17 +80,19 @@ def _typed(value: Any) -> Any:
 
 
 _NUMBER_START = frozenset("-0123456789")
-# attribute name -> (field, key in the field's dict or None for a scalar); names repeat across runs
+# attribute name less the prefix -> (field, key in the field's dict or None for a scalar); names
+# repeat across runs
 _NAMES: dict[str, tuple[str, str | None] | None] = {}
+_META_RESTS = frozenset(m[len(PREFIX) :] for m in _META)
 
 
-def _name(attr: str) -> tuple[str, str | None] | None:
-    got = _NAMES.get(attr, False)
+def _name(rest: str) -> tuple[str, str | None] | None:
+    got = _NAMES.get(rest, False)
     if got is not False:
         return got  # type: ignore[return-value]
     out: tuple[str, str | None] | None = None
-    if attr.startswith(PREFIX) and attr not in _META:
-        field, dot, key = attr[len(PREFIX) :].partition(".")
+    if rest not in _META_RESTS:
+        field, dot, key = rest.partition(".")
         if not dot:
             out = ("run_id" if field == "id" else field, None)
         elif field == "phase" and key.endswith("_s"):
@@ -98,29 +100,36 @@ def _name(attr: str) -> tuple[str, str | None] | None:
         else:
             out = (field, key)
     if len(_NAMES) < 100_000:
-        _NAMES[attr] = out
+        _NAMES[rest] = out
     return out
 
 
-def facts_from_attributes(attrs: Mapping[str, Any]) -> dict[str, Any]:
-    """The facts dict of a `starttrace.run` span's attributes (typed OTLP values or ClickHouse strings)."""
-    str_fields = set(str(attrs.get(STR_FIELDS_KEY) or "").split(","))
+def facts_from_attributes(attrs: Mapping[str, Any], prefixed: bool = True) -> dict[str, Any]:
+    """The facts dict of a `starttrace.run` span's attributes (typed OTLP values or ClickHouse
+    strings); `prefixed=False`: the names come without `starttrace.run.` (ClickHouse strips it)."""
+    cut = len(PREFIX)
+    str_fields = set(str(attrs.get(STR_FIELDS_KEY if prefixed else STR_FIELDS_KEY[cut:]) or "").split(","))
     out: dict[str, Any] = {}
     for attr, raw in attrs.items():
+        if prefixed:
+            if not attr.startswith(PREFIX):
+                continue
+            attr = attr[cut:]
         name = _name(attr)
         if name is None:
             continue
         field, key = name
+        value = str(raw) if field in str_fields else _typed(raw)
         if key is None:
             if raw == "{}" and field not in str_fields:
                 out.setdefault(field, {})
             else:
-                out[field] = str(raw) if field in str_fields else _typed(raw)
+                out[field] = value
             continue
         target = out.get(field)
         if type(target) is not dict:
             target = out[field] = {}
-        target[key] = str(raw) if field in str_fields else _typed(raw)
+        target[key] = value
     for field in _DICT_DEFAULTS:
         out.setdefault(field, {})
     out.setdefault("time_to_ready_s", None)

@@ -21,7 +21,7 @@ import time
 from string import Template
 from typing import Any
 
-from starttrace.run.facts_attrs import SEQ_KEY, SPAN_NAME, VERSION_KEY, facts_from_attributes
+from starttrace.run.facts_attrs import PREFIX, SEQ_KEY, SPAN_NAME, VERSION_KEY, facts_from_attributes
 from starttrace.sources.clickhouse.client import Client, ident
 from starttrace.sources.clickhouse.ddl import DEFAULT_TABLE
 from starttrace.sources.clickhouse.runs import END_SQL, RUN_SQL, STARTUP_SQL
@@ -69,9 +69,11 @@ SPAN_KEYS_SQL = f"""
 SELECT {RUN_SQL} AS run_id, SpanId AS span_id, toUInt32OrZero(SpanAttributes['{SEQ_KEY}']) AS seq, {END_SQL} AS end_ns
 {_FACTS_SPANS} AND run_id != '' $range_filter
 """
-# the attributes of the exports not parsed yet (all of them, on a first answer)
+# the facts attributes (less their prefix) of the exports not parsed yet (all of them, on a first answer)
 SPAN_ATTRS_SQL = f"""
-SELECT {RUN_SQL} AS run_id, SpanId AS span_id, toJSONString(SpanAttributes) AS attrs
+SELECT {RUN_SQL} AS run_id, SpanId AS span_id,
+       toJSONString(mapApply((k, v) -> (substring(k, {len(PREFIX) + 1}), v),
+                             mapFilter((k, v) -> startsWith(k, '{PREFIX}'), SpanAttributes))) AS attrs
 {_FACTS_SPANS} AND {RUN_SQL} != '' $range_filter $span_filter
 """
 _SPAN_FACT_IDS = f"SELECT DISTINCT {RUN_SQL} {_FACTS_SPANS}"
@@ -236,7 +238,7 @@ class ClickHouseFacts:
             for rid, (_, _, sid) in latest.items():
                 text = texts.get((rid, sid))
                 if text is not None and (rid, sid) not in self._parsed:
-                    self._parsed[(rid, sid)] = facts_from_attributes(json.loads(text))
+                    self._parsed[(rid, sid)] = facts_from_attributes(json.loads(text), prefixed=False)
         out = [dict(self._parsed[(rid, sid)]) for rid, (_, _, sid) in latest.items() if (rid, sid) in self._parsed]
         table = self.client.arrow(self._sql(TABLE_FACTS_SQL, table_filter=table_filter), params)
         if table.num_rows:
