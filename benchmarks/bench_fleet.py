@@ -43,9 +43,9 @@ import httpx  # noqa: E402
 from otel_clickhouse import create_tables, exporter_rows, insert  # noqa: E402
 from synth_runs import make_run, to_protobuf  # noqa: E402
 
-from starttrace.sources.clickhouse import ClickHouseRuns  # noqa: E402
-from starttrace.sources.clickhouse_client import close_all, connect  # noqa: E402
-from starttrace.sources.clickhouse_facts import ClickHouseFacts  # noqa: E402
+from starttrace.sources.clickhouse.client import close_all, connect  # noqa: E402
+from starttrace.sources.clickhouse.facts import ClickHouseFacts  # noqa: E402
+from starttrace.sources.clickhouse.runs import ClickHouseRuns  # noqa: E402
 
 VERSIONS = ("0.30.0", "0.31.0", "0.32.0", "0.33.0")
 T0 = 1_790_000_000 * 10**9
@@ -177,7 +177,7 @@ def prepare(data: Path, n: int, big_imports: int, derive_limit: int) -> dict[str
     from starttrace.service.fleet import Prefetching, derive, derive_all, direct_loader
 
     shutil.rmtree(data, ignore_errors=True)
-    client = connect(f"chdb:{data}")
+    client = connect(f"chdb:{data}", create=True)
     create_tables(client)
     t = time.perf_counter()
     big = fill(client, n, big_imports)

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -106,11 +107,13 @@ def _load(run: str | None, directory: Path | None, clickhouse: str | None = None
 
 
 def _load_clickhouse(run: str | None, url: str) -> Run:
-    from starttrace.sources.clickhouse import ClickHouseRuns
-    from starttrace.sources.clickhouse_client import ClickHouseError, connect
+    from starttrace.sources.clickhouse.client import ClickHouseError, check_traces_table, connect
+    from starttrace.sources.clickhouse.runs import ClickHouseRuns
 
     try:
-        runs = ClickHouseRuns(connect(url))
+        client = connect(url)
+        check_traces_table(client)
+        runs = ClickHouseRuns(client)
         run_id = run or runs.latest_run_id()
         the_run = runs.load_run(run_id) if run_id else None
     except ClickHouseError as exc:
@@ -485,7 +488,7 @@ def serve(
 ) -> None:
     """The starttrace service: OTLP/HTTP receiver, /startup waterfalls, /metrics."""
     from starttrace.service.server import serve as run_server
-    from starttrace.sources.clickhouse_client import ClickHouseError
+    from starttrace.sources.clickhouse.client import ClickHouseError
     from starttrace.sources.store import SchemaError
 
     try:
@@ -502,6 +505,8 @@ def serve(
         )
     except (SchemaError, ValueError, ClickHouseError) as exc:
         raise _fail(str(exc)) from None
+    except sqlite3.DatabaseError as exc:  # --db names a file that is not SQLite
+        raise _fail(f"{db or 'the store'}: not a starttrace store (SQLite): {exc}") from None
 
 
 @app.command()
@@ -524,13 +529,15 @@ def fleet(
     and (by service.version) the phases that regressed from one version to the next."""
     from starttrace.service.app import _parse_time, default_db_path
     from starttrace.service.fleet import cli_answer
-    from starttrace.sources.clickhouse_client import ClickHouseError
+    from starttrace.sources.clickhouse.client import ClickHouseError
 
     try:
         since_ns, until_ns = _parse_time(since), _parse_time(until)
         answer = cli_answer(by, since_ns, until_ns, service, clickhouse, db or default_db_path(), derive)
     except (ValueError, ClickHouseError) as exc:
         raise _fail(str(exc)) from None
+    except sqlite3.DatabaseError as exc:  # --db names a file that is not SQLite
+        raise _fail(f"{db or 'the store'}: not a starttrace store (SQLite): {exc}") from None
     if as_json:
         sys.stdout.write(json.dumps(answer, indent=2) + "\n")
         return

@@ -5,7 +5,9 @@ process (never traced itself). It waits, cheaply, until the run is ready or its 
 exited, then sends the run with the official OTLP/HTTP exporter at `STARTTRACE_OTLP_DETAIL` (`full`, the
 default: every span, the summary set marked; `summary`: that set only, with
 `STARTTRACE_SUMMARY_IMPORTS` imports per process, see analysis/detail.py); spans that were
-still open then are sent again, finished, when the root process exits. A failure (no collector
+still open then are sent again, finished, when the root process exits. Each export also carries the
+run's facts (`analysis.fleet.run_facts`, the service's own analysis) as one `starttrace.run` span
+(run/facts_attrs.py); the one sent at exit supersedes the one sent at ready. A failure (no collector
 listening, ...) is reported once on stderr; the traced processes never wait for any of this. A
 torchrun agent that moves into its launch's run (probes/torchelastic.py) leaves a marker in the
 first folder: the follower follows it (`moved`).
@@ -20,6 +22,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 POLL_S = 0.5
 SETTLE_S = 1.0
@@ -154,6 +157,9 @@ def follow(run_dir: Path, root_pid: int, endpoint: str) -> int:
             ]
             if final:
                 spans = [s for s in spans if not (s.attributes or {}).get("starttrace.in_progress")] or spans
+            facts = _facts_span(run, int(final))
+            if facts is not None:
+                spans.append(facts)
             try:
                 send(spans, exporter)
             except ExportError as exc:
@@ -167,6 +173,24 @@ def follow(run_dir: Path, root_pid: int, endpoint: str) -> int:
     finally:
         exporter.shutdown()
     return 0
+
+
+def _facts_span(run: Any, export_seq: int) -> Any:
+    """The run's facts as the `starttrace.run` span (the service's own analysis: `run_facts` of
+    `build_model`), or None where they cannot be computed (reported; the spans go anyway)."""
+    from starttrace.analysis.clocks import correct_clocks
+    from starttrace.analysis.fleet import run_facts
+    from starttrace.analysis.lanes import build_model
+    from starttrace.views.otlp import facts_span
+
+    try:
+        facts_run = correct_clocks(run)  # as the service's model cache reads a run
+        return facts_span(run, run_facts(facts_run, build_model(facts_run)), export_seq)
+    except Exception as exc:
+        print(
+            f"starttrace: the facts of run {run.run_id} were not exported: {type(exc).__name__}: {exc}", file=sys.stderr
+        )
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

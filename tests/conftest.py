@@ -157,7 +157,12 @@ class OtlpReceiver:
     def traces_url(self) -> str:
         return self.url + "/v1/traces"
 
-    def spans(self) -> list[ReceivedSpan]:
+    def spans(self, facts: bool = False) -> list[ReceivedSpan]:
+        """The run spans that arrived; `facts`: the runs' `starttrace.run` facts spans instead (each
+        export of a run carries one, run/facts_attrs.py)."""
+        return [s for s in self.all_spans() if (s.name == "starttrace.run") == facts]
+
+    def all_spans(self) -> list[ReceivedSpan]:
         with self.lock:
             requests = list(self.requests)
         result = []

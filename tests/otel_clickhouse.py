@@ -6,7 +6,7 @@ exporter_traces.go): Timestamp = start, lowercase hex ids ('' for no parent), Se
 resource, every attribute value as `pcommon.Value.AsString()` (internal/util.go AttributesToMap),
 ScopeName/ScopeVersion, Duration = end - start in ns, StatusCode and SpanKind as traceutil's
 strings, Events and Links as parallel arrays. `insert(client, rows)` writes them with one
-`INSERT ... FORMAT JSONEachRow` into the exporter's own table (`otel_traces_ddl.traces_ddl`).
+`INSERT ... FORMAT JSONEachRow` into the exporter's own table (`sources.clickhouse.ddl.traces_ddl`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from starttrace.sources.clickhouse_client import Client
-from starttrace.sources.otel_traces_ddl import traces_ddl
+from starttrace.sources.clickhouse.client import Client
+from starttrace.sources.clickhouse.ddl import traces_ddl
 
 # traceutil.SpanKindStr / StatusCodeStr
 SPAN_KINDS = {0: "Unspecified", 1: "Internal", 2: "Server", 3: "Client", 4: "Producer", 5: "Consumer"}
@@ -116,6 +116,45 @@ def exporter_rows(request: ExportTraceServiceRequest) -> list[dict[str, Any]]:
                     }
                 )
     return rows
+
+
+def facts_span_row(facts: dict[str, Any], export_seq: int = 1, end_ns: int | None = None) -> dict[str, Any]:
+    """The exporter's row of a run's `starttrace.run` facts span (views/otlp.py `facts_span`), with
+    the attributes as AsString writes them (tests of the fleet over facts that travel with the run)."""
+    from starttrace.run.facts_attrs import PHASE, SPAN_NAME, facts_attributes
+
+    def text(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return _go_float(v) if isinstance(v, float) else str(v)
+
+    start = int(facts["start_ns"])
+    attrs = {"starttrace.phase": PHASE, **facts_attributes(facts, export_seq)}
+    resource = {"service.name": facts["service"], "starttrace.run_id": facts["run_id"]}
+    return {
+        "Timestamp": _ts(start),
+        "TraceId": facts["trace_id"],
+        "SpanId": f"{export_seq + 1:016x}",
+        "ParentSpanId": "",
+        "TraceState": "",
+        "SpanName": SPAN_NAME,
+        "SpanKind": "Internal",
+        "ServiceName": facts["service"],
+        "ResourceAttributes": resource,
+        "ScopeName": "starttrace",
+        "ScopeVersion": "",
+        "SpanAttributes": {k: text(v) for k, v in attrs.items()},
+        "Duration": max(0, (end_ns or start + 10**9) - start),
+        "StatusCode": "Unset",
+        "StatusMessage": "",
+        "Events.Timestamp": [],
+        "Events.Name": [],
+        "Events.Attributes": [],
+        "Links.TraceId": [],
+        "Links.SpanId": [],
+        "Links.TraceState": [],
+        "Links.Attributes": [],
+    }
 
 
 def create_tables(client: Client) -> None:

@@ -4,7 +4,7 @@ A `Run` is the processes of one traced startup (one OpenTelemetry trace), each w
 (resource: pid, role, rank, host, clock domain, ...), and ONE table of their spans (`Run.spans`, a
 polars DataFrame of SPAN_SCHEMA: Perfetto's slice table, keyed by `lane`, the process's instance
 id). Sources build it (`sources.journal_reader` from a journal directory, `sources.store` from what
-the service ingested over OTLP or from journals, `sources.clickhouse` from `otel_traces`); analysis
+the service ingested over OTLP or from journals, `sources.clickhouse.runs` from `otel_traces`); analysis
 and every view take only this type.
 
 Conventions every source follows:

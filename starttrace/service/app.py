@@ -43,7 +43,7 @@ from starttrace.service.otlp_receiver import (
     IngestBudget,
     handle_traces,
 )
-from starttrace.sources.clickhouse_client import ClickHouseError
+from starttrace.sources.clickhouse.client import ClickHouseError
 from starttrace.sources.facts_store import FactsStore
 from starttrace.sources.journal_watcher import JournalWatcher
 from starttrace.sources.store import Store
@@ -306,8 +306,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     store: Any
     facts: Any
     if settings.clickhouse:  # runs from otel_traces, facts in starttrace_runs beside it
-        from starttrace.service.clickhouse_store import ClickHouseStore
-        from starttrace.sources.clickhouse_facts import ClickHouseFacts
+        from starttrace.sources.clickhouse.facts import ClickHouseFacts
+        from starttrace.sources.clickhouse.store import ClickHouseStore
 
         store = ClickHouseStore(settings.clickhouse)
         facts = ClickHouseFacts(store.client)
@@ -379,6 +379,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Startup waterfalls of multi-process Python servers (OTLP receiver + journal reader).",
         lifespan=lifespan,
     )
+    @app.exception_handler(ClickHouseError)
+    async def store_unavailable(request: Request, exc: ClickHouseError) -> JSONResponse:
+        """Any route whose store (ClickHouse) failed: 503 with the engine's message, never a bare 500."""
+        return JSONResponse({"error": f"ClickHouse: {exc}"[:2000]}, status_code=503, headers={"Retry-After": "5"})
+
     app.state.store = store
     app.state.cache = cache
     app.state.counters = counters

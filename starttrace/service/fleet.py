@@ -1,5 +1,5 @@
 """Deriving the fleet facts of runs, once each (`analysis.fleet.run_facts`), into a facts store
-(`sources.facts_store.FactsStore` or `sources.clickhouse_facts.ClickHouseFacts`): in the service's
+(`sources.facts_store.FactsStore` or `sources.clickhouse.facts.ClickHouseFacts`): in the service's
 background thread, and for `starttrace fleet`.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from starttrace.analysis.fleet import FACTS_VERSION, SLOWEST, answer, by_key, fleet_answer, run_facts
+from starttrace.analysis.fleet import FACTS_VERSION, SLOWEST, fleet_answer, run_facts
 from starttrace.analysis.model import RunModel
 from starttrace.run import Run
 
@@ -64,13 +64,13 @@ def fleet_of(
     service: str | None = None,
     slowest: int = SLOWEST,
 ) -> dict[str, Any]:
-    """The fleet answer from a facts store: over ClickHouse its groups and quantiles come from SQL
-    (`ClickHouseFacts.groups`), over the embedded store from the facts rows (`analysis.fleet`)."""
-    if hasattr(facts, "groups"):
-        key = by_key(by)
-        groups, top, runs = facts.groups(key, since_ns, until_ns, service, slowest)
-        return answer(by, key, groups, top, runs)
-    return fleet_answer(facts.rows(since_ns, until_ns, service), by, slowest)
+    """The fleet answer from a facts store (`FactsStore`, or `ClickHouseFacts`: facts from the runs'
+    `starttrace.run` spans, else derived): its facts rows through `analysis.fleet.fleet_answer`, and
+    `pending`, the runs in range whose facts are not derived yet (runs + pending = all runs in range)."""
+    rows = facts.rows(since_ns, until_ns, service, facts_version=FACTS_VERSION)
+    answer = fleet_answer(rows, by, slowest)
+    answer["pending"] = facts.pending(since_ns, until_ns, service, facts_version=FACTS_VERSION)
+    return answer
 
 
 class FactsDeriver:
@@ -179,11 +179,12 @@ def cli_answer(
     """`starttrace fleet`: the answer from ClickHouse (`clickhouse`) or the embedded store (`db`),
     the facts of runs that lack them derived first (`derive_first`)."""
     if clickhouse:
-        from starttrace.sources.clickhouse import ClickHouseRuns
-        from starttrace.sources.clickhouse_client import connect
-        from starttrace.sources.clickhouse_facts import ClickHouseFacts
+        from starttrace.sources.clickhouse.client import check_traces_table, connect
+        from starttrace.sources.clickhouse.facts import ClickHouseFacts
+        from starttrace.sources.clickhouse.runs import ClickHouseRuns
 
         client = connect(clickhouse)
+        check_traces_table(client)
         facts: Any = ClickHouseFacts(client)
         if derive_first:
             pre = Prefetching(ClickHouseRuns(client).load_runs)

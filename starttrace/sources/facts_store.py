@@ -81,12 +81,43 @@ class FactsStore:
         return None if row is None else json.loads(row[0])
 
     def rows(
-        self, since_ns: int | None = None, until_ns: int | None = None, service: str | None = None
+        self,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
+        service: str | None = None,
+        facts_version: int = 0,
     ) -> list[dict[str, Any]]:
+        """The facts of the runs in range derived by definition `facts_version` or newer."""
         filters = (("start_ns >= ?", since_ns), ("start_ns <= ?", until_ns), ("service = ?", service))
         kept = [(c, v) for c, v in filters if v is not None]
-        sql = " AND ".join(["SELECT facts FROM run_facts WHERE 1 = 1", *(c for c, _ in kept)])
-        return [json.loads(r[0]) for r in self._conn().execute(sql, [v for _, v in kept])]
+        sql = " AND ".join(["SELECT facts FROM run_facts WHERE facts_version >= ?", *(c for c, _ in kept)])
+        return [json.loads(r[0]) for r in self._conn().execute(sql, [facts_version, *(v for _, v in kept)])]
+
+    def pending(
+        self,
+        since_ns: int | None = None,
+        until_ns: int | None = None,
+        service: str | None = None,
+        facts_version: int = 0,
+    ) -> int:
+        """How many runs of the store in range have no facts of `facts_version` yet (being derived)."""
+        filters = (
+            ("COALESCE(r.first_ns, 0) >= ?", since_ns),
+            ("COALESCE(r.first_ns, 0) <= ?", until_ns),
+            ("r.service = ?", service),
+        )
+        kept = [(c, v) for c, v in filters if v is not None]
+        conn = self._conn()
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'runs'").fetchone() is None:
+            return 0  # facts without a store beside them (tests): no run to wait for
+        sql = " AND ".join(
+            [
+                "SELECT count(*) FROM runs r LEFT JOIN run_facts f ON f.run_id = r.run_id"
+                " WHERE (f.run_id IS NULL OR f.facts_version < ?)",
+                *(c for c, _ in kept),
+            ]
+        )
+        return int(conn.execute(sql, [facts_version, *(v for _, v in kept)]).fetchone()[0])
 
     def forget(self, run_ids: list[str]) -> None:
         with self._write_lock:

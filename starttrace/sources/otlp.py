@@ -22,6 +22,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from starttrace.run import LAUNCHED_BY_KEY, MODULE_KEY, PHASE_KEY, SELF_US_KEY
+from starttrace.run.facts_attrs import SPAN_NAME as FACTS_SPAN
+from starttrace.run.facts_attrs import VERSION_KEY
 from starttrace.run.otlp_attrs import kv_attrs, message_class
 from starttrace.sources.batches import IngestBatch, ProcessBatch, SpanTuple
 
@@ -150,6 +152,7 @@ _ATTR_TAG = b"J"  # Span.attributes: field 9, length-delimited
 _IN_PROGRESS_B = _IN_PROGRESS.encode()
 _SCOPE_KEY_B = _SCOPE_KEY.encode()
 _EXCEPTION_B = b"exception"
+_FACTS_B = VERSION_KEY.encode()  # an attribute only the facts span has
 
 
 def _scope_suffix(scope: str) -> bytes:
@@ -248,6 +251,9 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
     # (most requests of a finished startup have no span in progress and no exception event)
     maybe_open = _IN_PROGRESS_B in msg
     maybe_exception = _EXCEPTION_B in msg
+    # a run's facts span (run/facts_attrs.py) is acknowledged, not stored as a startup span: the
+    # service derives the facts itself, and the span must not change the run's waterfall
+    maybe_facts = _FACTS_B in msg
     last_tid, last_hex = b"", ""  # the spans of a request mostly share one trace id
     for rs, rs_raw in zip(full.resource_spans, lite.resource_spans, strict=True):
         resource = kv_attrs(rs.resource.attributes)
@@ -270,6 +276,9 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
             if scope and not scope.startswith("starttrace"):
                 suffix = _scope_suffix(scope)
             for sp, lite_span in zip(ss.spans, ss_raw.spans, strict=True):
+                if maybe_facts and sp.name == FACTS_SPAN:
+                    accepted += 1
+                    continue
                 raw = lite_span.SerializeToString()
                 tid = sp.trace_id
                 sid = sp.span_id

@@ -136,6 +136,37 @@ def _readable(
     )
 
 
+def facts_span(run: Run, facts: dict[str, Any], export_seq: int = 0, now_ns: int | None = None) -> ReadableSpan:
+    """The run's facts (`analysis.fleet.run_facts`) as one `starttrace.run` span in the run's trace
+    (run/facts_attrs.py): a child of the root span, from the run's start to this export, with the
+    root process's resource (so it carries the run id), a fresh span id per export."""
+    import secrets
+
+    from starttrace.run.facts_attrs import PHASE, SPAN_NAME, facts_attributes
+
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    trace_id = int(run.trace_id, 16)
+    root = run.root_spans[0] if run.root_spans else None
+    owner = run.root_owners().get(root.span_id) if root is not None else None
+    resource = owner.resource if owner is not None else (run.processes[0].resource if run.processes else {})
+    attrs = {"starttrace.phase": PHASE, **facts_attributes(facts, export_seq)}
+    start = int(facts.get("start_ns") or (root.start_ns if root is not None else now_ns))
+    return ReadableSpan(
+        name=SPAN_NAME,
+        context=_context(trace_id, f"{secrets.randbits(63) | 1:016x}"),
+        parent=SpanContext(trace_id, int(root.span_id, 16), is_remote=False) if root is not None else None,
+        resource=Resource.create(_attributes(resource)),
+        attributes=_attributes(attrs),
+        events=(),
+        links=[],
+        kind=SpanKind.INTERNAL,
+        status=Status(StatusCode.UNSET),
+        start_time=start,
+        end_time=max(start, now_ns),
+        instrumentation_scope=SCOPE,
+    )
+
+
 def send(spans: Sequence[ReadableSpan], exporter: SpanExporter) -> int:
     """Send in batches; returns how many spans were accepted. Raises ExportError on failure."""
     sent = 0

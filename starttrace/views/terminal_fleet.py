@@ -18,6 +18,10 @@ def _s(value: float | None) -> str:
 def render_fleet(answer: dict[str, Any], console: Console) -> None:
     key = answer["key"]
     console.print(Text(f"fleet startup by {key}: {answer['runs']} run(s) with facts ({answer.get('source', '')})"))
+    if answer.get("pending"):
+        console.print(
+            Text(f"{answer['pending']} more run(s) in range pending: their facts are not derived yet", style="yellow")
+        )
     phases = sorted({p for g in answer["groups"] for p in g["phases"]})
     table = Table(title="p50 / p95 seconds", title_justify="left")
     table.add_column(Text(key))

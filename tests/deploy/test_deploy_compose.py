@@ -296,7 +296,7 @@ def test_clickhouse_and_the_fleet_service(compose_config: dict[str, Any]) -> Non
     assert not fleet.get("entrypoint") and fleet["command"] == ["--no-journal"]
     url = fleet["environment"]["STARTTRACE_CLICKHOUSE"]
     assert url == f"http://starttrace:{env['CLICKHOUSE_PASSWORD']}@clickhouse:8123/otel"
-    from starttrace.sources.clickhouse_client import parse_url
+    from starttrace.sources.clickhouse.client import parse_url
 
     parsed = parse_url(url)
     assert (parsed.host, parsed.port, parsed.database, parsed.table) == ("clickhouse", 8123, "otel", "otel_traces")

@@ -17,6 +17,7 @@ pytest.importorskip("chdb")
 
 from fleet_rows import synthetic_facts
 
+ALL, DERIVED = 126, 120  # runs; of them, runs whose facts were derived into starttrace_runs
 DASH = json.loads((DASHBOARDS_DIR / "fleet-startup.json").read_text(encoding="utf-8"))
 
 
@@ -39,16 +40,23 @@ def expand(sql: str, by: str, compile_cache: str = ALL_KINDS) -> str:
 
 @pytest.fixture(scope="module")
 def facts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from starttrace.sources.clickhouse_client import close_all, connect
-    from starttrace.sources.clickhouse_facts import ClickHouseFacts
+    from otel_clickhouse import create_tables, facts_span_row, insert
 
-    client = connect(f"chdb:{tmp_path_factory.mktemp('dash') / 'data'}")
+    from starttrace.sources.clickhouse.client import close_all, connect
+    from starttrace.sources.clickhouse.facts import ClickHouseFacts
+
+    client = connect(f"chdb:{tmp_path_factory.mktemp('dash') / 'data'}", create=True)
+    create_tables(client)  # the facts table lives beside otel_traces, in its database
     store = ClickHouseFacts(client)
-    rows = synthetic_facts(120)
+    rows = synthetic_facts(ALL)
     rows[4]["findings"] = {"cold_compile": 12.0}
-    for i, row in enumerate(rows[:60]):  # start kinds on half of them; the rest predate start kinds
+    for i, row in enumerate(rows[:60]):  # start kinds on 60 of them; the rest predate start kinds
         row["identity"]["kind.compile_cache"] = "cold" if i % 3 == 0 else "warm"
-    store.write(rows)
+    store.write(rows[:DERIVED])
+    # the others' facts travel with the run: their starttrace.run spans in otel_traces, read straight
+    # from there (the export at exit supersedes the one at ready)
+    insert(client, [facts_span_row(dict(f, time_to_ready_s=999.0), 0) for f in rows[DERIVED:]])
+    insert(client, [facts_span_row(f, 1) for f in rows[DERIVED:]])
     yield client
     close_all()
 
@@ -61,6 +69,7 @@ def test_dashboard_reads_the_provisioned_clickhouse_source() -> None:
             assert t["datasource"] == {"type": ds["type"], "uid": ds["uid"]}, p["title"]
             assert t["editorType"] == "sql" and t["format"] in (0, 1), p["title"]
             assert "otel.starttrace_runs FINAL" in t["rawSql"], "the newest facts row of each run only"
+            assert "SpanName = 'starttrace.run'" in t["rawSql"], "the facts spans, straight from otel_traces"
 
 
 BY = next(v for v in DASH["templating"]["list"] if v["name"] == "by")["query"].split(",")
@@ -80,7 +89,7 @@ def test_group_panel_matches_the_fleet_answer(facts: Any) -> None:
 
     sql = next(s for t, s, _ in sql_targets() if t.startswith("Time to ready by"))
     rows = {r["value"]: r for r in facts.arrow(expand(sql, "service.version")).to_pylist()}
-    ans = fleet_answer(synthetic_facts(120), "service.version")
+    ans = fleet_answer(synthetic_facts(ALL), "service.version")
     for g in ans["groups"]:
         assert rows[g["value"]]["runs"] == g["runs"]
         assert rows[g["value"]]["p50_s"] == pytest.approx(g["time_to_ready_s"]["p50"], abs=0.01)
@@ -100,8 +109,8 @@ def test_start_kind_variable_filters_the_panels(facts: Any) -> None:
     assert values == ["cold", "unknown", "warm"]
     runs = next(s for t, s, _ in sql_targets() if t == "Runs")
     assert facts.arrow(expand(runs, "service.version", "'cold'")).to_pylist()[0]["runs"] == 20
-    assert facts.arrow(expand(runs, "service.version", "'unknown'")).to_pylist()[0]["runs"] == 60
-    assert facts.arrow(expand(runs, "service.version")).to_pylist()[0]["runs"] == 120
+    assert facts.arrow(expand(runs, "service.version", "'unknown'")).to_pylist()[0]["runs"] == ALL - 60
+    assert facts.arrow(expand(runs, "service.version")).to_pylist()[0]["runs"] == ALL
     mix = next(s for t, s, _ in sql_targets() if t.startswith("Start-kind mix"))
     shares = facts.arrow(expand(mix, "kind.compile_cache")).to_pylist()
     assert {(r["value"], r["compile_cache"]): r["share"] for r in shares} == {
@@ -109,3 +118,13 @@ def test_start_kind_variable_filters_the_panels(facts: Any) -> None:
         ("warm", "warm"): 1.0,
         ("", "unknown"): 1.0,
     }
+def test_runs_with_facts_spans_count_once_with_their_latest_export(facts: Any) -> None:
+    def panel(prefix: str) -> list[dict[str, Any]]:
+        sql = next(s for t, s, _ in sql_targets() if t.startswith(prefix))
+        return facts.arrow(expand(sql, "service.version")).to_pylist()
+
+    assert panel("Runs")[0]["runs"] == ALL  # derived rows and facts spans together, each run once
+    slowest = panel("Slowest runs")
+    assert slowest and all(r["time_to_ready_s"] < 999 for r in slowest)  # the export at ready was superseded
+    # the spans' phase map (`starttrace.run.phase.model_load_s` -> `model_load`) reads like the table's
+    assert sum(r["runs"] for r in panel("Nodes loading weights slowest")) == ALL

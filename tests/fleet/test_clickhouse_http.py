@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("clickhouse_connect")
 
-from starttrace.sources.clickhouse_client import ClickHouseError, HttpClient, parse_url
+from starttrace.sources.clickhouse.client import ClickHouseError, HttpClient, parse_url
 
 SERVER = os.environ.get("STARTTRACE_TEST_CLICKHOUSE_URL")
 
@@ -41,8 +41,8 @@ def test_source_and_facts_over_http() -> None:
     from otel_clickhouse import create_tables, exporter_rows, insert
     from synth_runs import make_run, to_protobuf
 
-    from starttrace.sources.clickhouse import ClickHouseRuns
-    from starttrace.sources.clickhouse_facts import ClickHouseFacts
+    from starttrace.sources.clickhouse.facts import ClickHouseFacts
+    from starttrace.sources.clickhouse.runs import ClickHouseRuns
 
     assert SERVER is not None
     base = parse_url(SERVER)

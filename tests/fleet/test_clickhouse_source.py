@@ -14,13 +14,13 @@ pytest.importorskip("chdb")
 from otel_clickhouse import create_tables, exporter_rows, insert
 from synth_runs import make_run, to_protobuf
 
-from starttrace.sources.clickhouse import ClickHouseRuns, typed
-from starttrace.sources.clickhouse_client import ClickHouseError, Client, close_all, connect, parse_url
+from starttrace.sources.clickhouse.client import ClickHouseError, Client, close_all, connect, parse_url
+from starttrace.sources.clickhouse.runs import ClickHouseRuns, typed
 
 
 @pytest.fixture(scope="module")
 def ch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
-    client = connect(f"chdb:{tmp_path_factory.mktemp('chdb') / 'data'}")
+    client = connect(f"chdb:{tmp_path_factory.mktemp('chdb') / 'data'}", create=True)
     create_tables(client)
     yield client
     close_all()
@@ -181,7 +181,7 @@ def test_chdb_path_is_a_directory(tmp_path: Path) -> None:
 
 
 def test_missing_facts_follow_the_spans(ch: Client) -> None:
-    from starttrace.sources.clickhouse_facts import ClickHouseFacts
+    from starttrace.sources.clickhouse.facts import ClickHouseFacts
 
     facts = ClickHouseFacts(ch)
     runs = ClickHouseRuns(ch)

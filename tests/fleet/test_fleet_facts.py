@@ -190,10 +190,13 @@ def test_embedded_facts_store(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def ch_facts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("chdb")
-    from starttrace.sources.clickhouse_client import close_all, connect
-    from starttrace.sources.clickhouse_facts import ClickHouseFacts
+    from otel_clickhouse import create_tables
 
-    client = connect(f"chdb:{tmp_path_factory.mktemp('chfacts') / 'data'}")
+    from starttrace.sources.clickhouse.client import close_all, connect
+    from starttrace.sources.clickhouse.facts import ClickHouseFacts
+
+    client = connect(f"chdb:{tmp_path_factory.mktemp('chfacts') / 'data'}", create=True)
+    create_tables(client)  # the facts table lives beside otel_traces, in its database
     yield ClickHouseFacts(client)
     close_all()
 

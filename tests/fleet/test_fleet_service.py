@@ -59,9 +59,9 @@ def fill_dir(data: Path) -> None:
 
 
 def _fill_here(data: Path) -> None:
-    from starttrace.sources.clickhouse_client import close_all, connect
+    from starttrace.sources.clickhouse.client import close_all, connect
 
-    client = connect(f"chdb:{data}")
+    client = connect(f"chdb:{data}", create=True)
     create_tables(client)
     for run in _runs():
         insert(client, exporter_rows(to_protobuf(run)))
@@ -123,14 +123,19 @@ def _fleet(url: str, **params: str) -> dict[str, Any]:
         got = httpx.get(url + "/fleet", params=params, timeout=60)
         assert got.status_code == 200, got.text + (LOG[-1].read_text(errors="replace")[-4000:] if LOG else "")
         doc = got.json()
+        # never silent: every answer, from the first one on, counts each run once (with facts, or pending)
+        if not params.get("service") and not params.get("since"):
+            assert doc["runs"] + doc["pending"] == RUNS, doc
         if doc["runs"] == RUNS or time.monotonic() > deadline:
             return doc
         time.sleep(0.3)
 
 
 def test_fleet_over_http_from_clickhouse(service: str) -> None:
+    first = httpx.get(service + "/fleet", timeout=60).json()  # right after the start, on an unseen store
+    assert first["runs"] + first["pending"] == RUNS, first
     doc = _fleet(service, by="service.version")
-    assert doc["runs"] == RUNS and doc["key"] == "service.version"
+    assert doc["runs"] == RUNS and doc["pending"] == 0 and doc["key"] == "service.version"
     assert [g["value"] for g in doc["groups"]] == list(VERSIONS)  # first-seen order
     for g in doc["groups"]:
         assert g["runs"] == 3
@@ -204,6 +209,7 @@ def test_cli_fleet_report_export_from_clickhouse(ch_dir: Path, tmp_path: Path, s
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["runs"] == RUNS and [g["value"] for g in doc["groups"]] == list(VERSIONS)
+    assert doc["pending"] == 0  # derived before the answer
     text = subprocess.run(
         [*cli, "fleet", "--clickhouse", f"chdb:{copy}", "--by", "tp"],
         env=_env(),
@@ -299,6 +305,7 @@ def _fleet_client(client: Any) -> dict[str, Any]:
     deadline = time.monotonic() + 120
     while True:
         doc = client.get("/fleet").json()
+        assert doc["runs"] + doc["pending"] == RUNS, doc  # the embedded store: never silent either
         if doc["runs"] == RUNS or time.monotonic() > deadline:
             return doc
         time.sleep(0.3)

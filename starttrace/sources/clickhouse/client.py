@@ -11,10 +11,11 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from starttrace.sources.otel_traces_ddl import DEFAULT_DATABASE, DEFAULT_TABLE
+from starttrace.sources.clickhouse.ddl import DEFAULT_DATABASE, DEFAULT_TABLE
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
@@ -122,18 +123,29 @@ _CHDB_SESSIONS: dict[str, Any] = {}
 class ChdbClient:
     """The embedded engine over a data directory (`chdb.session.Session`)."""
 
-    def __init__(self, url: ClickHouseURL) -> None:
+    def __init__(self, url: ClickHouseURL, create: bool = False) -> None:
+        """`create`: a missing data directory is made (tests, benchmarks); a reader is refused one."""
         try:
             from chdb import session
         except ImportError:
             raise ClickHouseError("chdb is not installed: pip install 'starttrace[clickhouse]'") from None
         self.url = url
+        path = Path(url.path)
+        if path.exists() and not path.is_dir():
+            raise ClickHouseError(f"chdb:{url.path} is not a directory: chdb:PATH names a chdb data directory")
+        if not create and not path.exists():
+            raise ClickHouseError(f"no chdb data directory at {url.path}: chdb:PATH reads an existing one")
         with _CHDB_LOCK:
             sess = _CHDB_SESSIONS.get(url.path)
             if sess is None:
                 for other in list(_CHDB_SESSIONS):  # one engine per process: the previous one closes
                     _CHDB_SESSIONS.pop(other).close()
-                sess = _CHDB_SESSIONS[url.path] = session.Session(url.path)
+                try:
+                    sess = session.Session(url.path)
+                except Exception as exc:
+                    held = f"cannot open the chdb data directory {url.path} (another process holding it?)"
+                    raise ClickHouseError(f"{held}: {_first_line(exc)}") from None
+                _CHDB_SESSIONS[url.path] = sess
         self._session = sess
 
     def arrow(self, sql: str, params: dict[str, Any] | None = None) -> Any:
@@ -141,17 +153,23 @@ class ChdbClient:
             with _CHDB_QUERY:
                 return self._session.query(sql, "ArrowTable", params=_chdb_params(params))
         except Exception as exc:
-            raise ClickHouseError(str(exc)) from None
+            raise ClickHouseError(_first_line(exc)) from None
 
     def command(self, sql: str, params: dict[str, Any] | None = None) -> None:
         try:
             with _CHDB_QUERY:
                 self._session.query(sql, "CSV", params=_chdb_params(params))
         except Exception as exc:
-            raise ClickHouseError(str(exc)) from None
+            raise ClickHouseError(_first_line(exc)) from None
 
     def close(self) -> None:
         """Sessions stay open for the process (chdb: one engine per process); see `close_all`."""
+
+
+def _first_line(exc: Exception) -> str:
+    """The engine's message without the stack trace chdb appends."""
+    text = str(exc)
+    return text.split(", Stack trace", 1)[0].split("\n0. ", 1)[0].strip()[:2000]
 
 
 def _literal(value: Any) -> str:
@@ -160,11 +178,26 @@ def _literal(value: Any) -> str:
     return str(value)
 
 
+# A query parameter's text is read the way TSV reads a field: backslash escapes live, a tab or newline
+# ends the value. A string is escaped that way so that it arrives exactly as sent (`fleet-0000\x31`
+# stays itself, a trailing `\` or a run id holding a newline is no error).
+_TSV_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n"})
+
+
 def _chdb_params(params: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Parameters as chdb takes them: arrays as ClickHouse literals (scalars it converts itself)."""
+    """Parameters as chdb takes them: strings TSV-escaped, arrays as ClickHouse literals (whose
+    quoted strings are read as written), other scalars as chdb converts them."""
     if not params:
         return None
-    return {k: "[" + ",".join(map(_literal, v)) + "]" if isinstance(v, (list, tuple)) else v for k, v in params.items()}
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if isinstance(value, (list, tuple)):
+            out[key] = "[" + ",".join(map(_literal, value)) + "]"
+        elif isinstance(value, str):
+            out[key] = value.translate(_TSV_ESCAPES)
+        else:
+            out[key] = value
+    return out
 
 
 def close_all() -> None:
@@ -212,6 +245,49 @@ class HttpClient:
         self._client.close()
 
 
-def connect(url: str | ClickHouseURL) -> Client:
+def connect(url: str | ClickHouseURL, create: bool = False) -> Client:
+    """A client; `create`: an embedded data directory that is not there yet is made (tests, benchmarks)."""
     parsed = parse_url(url) if isinstance(url, str) else url
-    return ChdbClient(parsed) if parsed.kind == "chdb" else HttpClient(parsed)
+    return ChdbClient(parsed, create) if parsed.kind == "chdb" else HttpClient(parsed)
+
+
+# the columns of otel_traces that starttrace reads (ddl.py): a table without them is not the exporter's
+REQUIRED_COLUMNS = {
+    "Timestamp": "DateTime64",
+    "TraceId": "String",
+    "SpanId": "String",
+    "ParentSpanId": "String",
+    "SpanName": "",
+    "ServiceName": "",
+    "ResourceAttributes": "Map",
+    "SpanAttributes": "Map",
+    "Duration": "UInt64",
+    "StatusCode": "",
+    "StatusMessage": "String",
+    "Events.Name": "Array",
+    "Links.SpanId": "Array",
+    "Links.Attributes": "Array",
+}
+COLUMNS_SQL = "SELECT name, type FROM system.columns WHERE database = {db:String} AND table = {table:String}"
+
+
+def check_traces_table(client: Client) -> None:
+    """Refuse a source whose traces table is missing or is not the exporter's (a clear message, at start)."""
+    url = client.url
+    rows = client.arrow(COLUMNS_SQL, {"db": url.database, "table": url.table}).to_pylist()
+    if not rows:
+        raise ClickHouseError(
+            f"{url.redacted()}: no table {url.database}.{url.table} (the Collector's clickhouse exporter creates it;"
+            " ?table= and the database name another)"
+        )
+    types = {str(r["name"]): str(r["type"]) for r in rows}
+    bad = [
+        f"{name} ({types[name]})" if name in types else name
+        for name, kind in REQUIRED_COLUMNS.items()
+        if name not in types or kind not in types[name]
+    ]
+    if bad:
+        raise ClickHouseError(
+            f"{url.redacted()}: {url.database}.{url.table} is not the exporter's otel_traces schema:"
+            f" missing or mistyped column(s) {', '.join(bad)}"
+        )

@@ -18,7 +18,8 @@ from typing import Any
 import polars as pl
 
 from starttrace.run import COLUMN_KEYS, SPAN_SCHEMA, Process, Run, Span, empty_spans, int_or_none, span_of
-from starttrace.sources.clickhouse_client import Client
+from starttrace.run.facts_attrs import SPAN_NAME as FACTS_SPAN
+from starttrace.sources.clickhouse.client import Client
 
 RUN_KEY = "starttrace.run_id"
 # the process key: its instance id, else host and pid (a process exported without one)
@@ -27,6 +28,8 @@ LANE_SQL = (
     " concat(ResourceAttributes['host.name'], ':', ResourceAttributes['process.pid']))"
 )
 RUN_SQL = f"ResourceAttributes['{RUN_KEY}']"
+# the run's facts span (run/facts_attrs.py) is no startup span: kept out of every run query
+STARTUP_SQL = f"SpanName != '{FACTS_SPAN}'"
 
 # a value the exporter wrote with AsString(), typed back in SQL: ints, floats, bools and JSON
 # arrays/maps as JSON, everything else as a JSON string (`$$`: the SQL templates are string.Template)
@@ -45,6 +48,13 @@ _ATTRS_SQL = (
 )
 
 
+# A Duration no span can have (>= 2^62 ns, 146 years; the exporter writes 2^64-1 for a span that ends
+# before it starts): toInt64 of it would give an end before the start. Such a span is read as an
+# instant at its start and named in the run's problems.
+ABSURD_DURATION_SQL = "Duration >= 4611686018427387904"
+END_SQL = f"toUnixTimestamp64Nano(Timestamp) + toInt64(if({ABSURD_DURATION_SQL}, 0, Duration))"
+
+
 def _opt(key: str) -> str:
     return f"if(mapContains(SpanAttributes, '{key}'), SpanAttributes['{key}'], NULL)"
 
@@ -56,7 +66,7 @@ _LAUNCHED_BY = (
 
 SPANS_SQL = f"""
 SELECT run_id, lane, span_id, parent_id, name, start, end, in_progress, instant, error, thread, phase, module,
-       self_us, launched_by, attrs
+       self_us, launched_by, attrs, absurd
 FROM (
     SELECT
         {RUN_SQL} AS run_id,
@@ -65,9 +75,10 @@ FROM (
         nullIf(ParentSpanId, '') AS parent_id,
         toString(SpanName) AS name,
         toUnixTimestamp64Nano(Timestamp) AS start,
-        start + toInt64(Duration) AS end,
+        {ABSURD_DURATION_SQL} AS absurd,
+        start + toInt64(if(absurd, 0, Duration)) AS end,
         SpanAttributes['starttrace.in_progress'] = 'true' AS in_progress,
-        Duration = 0 AND NOT in_progress AS instant,
+        (Duration = 0 OR absurd) AND NOT in_progress AS instant,
         multiIf(StatusCode IN ('Error', 'STATUS_CODE_ERROR'), if(StatusMessage != '', StatusMessage, 'error'),
                 has(Events.Name, 'exception'), 'exception', NULL) AS error,
         toInt64OrNull(SpanAttributes['thread.id']) AS thread,
@@ -77,7 +88,7 @@ FROM (
         {_LAUNCHED_BY} AS launched_by,
         {_ATTRS_SQL} AS attrs
     FROM $traces
-    WHERE $run_filter
+    WHERE $run_filter AND {STARTUP_SQL}
     ORDER BY run_id, lane, span_id, in_progress, end DESC
     LIMIT 1 BY run_id, lane, span_id
 )
@@ -88,7 +99,7 @@ PROCESSES_SQL = f"""
 SELECT {RUN_SQL} AS run_id, {LANE_SQL} AS lane, any(ResourceAttributes) AS resource,
        anyIf(ServiceName, ServiceName != '') AS service, any(TraceId) AS trace_id
 FROM $traces
-WHERE $run_filter
+WHERE $run_filter AND {STARTUP_SQL}
 GROUP BY run_id, lane
 """
 
@@ -100,11 +111,11 @@ SELECT
     any(TraceId) AS trace_id,
     anyIf(ServiceName, ServiceName != '') AS service,
     toUnixTimestamp64Nano(min(Timestamp)) AS start_ns,
-    max(toUnixTimestamp64Nano(Timestamp) + toInt64(Duration)) AS end_ns,
+    max({END_SQL}) AS end_ns,
     uniqExact({LANE_SQL}) AS processes,
     count() AS spans
 FROM $traces
-WHERE run_id != '' $where
+WHERE run_id != '' AND {STARTUP_SQL} $where
 GROUP BY run_id
 HAVING 1 $having
 ORDER BY start_ns DESC, run_id
@@ -114,7 +125,7 @@ LIMIT {{limit:UInt32}}
 # one run: the bloom filter on TraceId finds its granules, the run id keeps other runs out
 _ONE_RUN = f"{RUN_SQL} = {{run:String}} AND TraceId IN {{traces:Array(String)}}"
 _RUNS = f"{RUN_SQL} IN {{runs:Array(String)}}"
-VERSION_SQL = f"SELECT count() FROM $traces WHERE {_ONE_RUN}"
+VERSION_SQL = f"SELECT count() FROM $traces WHERE {_ONE_RUN} AND {STARTUP_SQL}"
 MAX_KNOWN_RUNS = 100_000  # run ids whose trace ids are remembered
 
 # resource values kept as strings even when they look like numbers
@@ -257,11 +268,20 @@ def _span_table(table: Any, keep_run: bool = False) -> pl.DataFrame:
     assert isinstance(frame, pl.DataFrame)
     cols = [pl.col(name).cast(dtype) for name, dtype in SPAN_SCHEMA.items()]
     return frame.with_columns(pl.lit(None, dtype=pl.Binary()).alias("attrs_pb")).select(
-        [pl.col("run_id"), *cols] if keep_run else cols
+        [pl.col("run_id"), *cols, pl.col("absurd")] if keep_run else [*cols, pl.col("absurd")]
     )
 
 
 def _assemble(run_id: str, trace_id: str, procs: list[dict[str, Any]], spans: pl.DataFrame) -> Run:
+    problems: list[str] = []
+    if "absurd" in spans.columns:
+        absurd = int(spans.get_column("absurd").cast(pl.Int64).sum() or 0)
+        spans = spans.drop("absurd")
+        if absurd:
+            problems.append(
+                f"{absurd} span(s) with an impossible Duration in ClickHouse (2^62 ns or more, e.g. 2^64-1 for an end"
+                " before the start): read as instants at their start"
+            )
     # roots: `startup` spans whose parent is not a span of the run
     is_root = (pl.col("name") == "startup") & (
         pl.col("parent_id").is_null() | ~pl.col("parent_id").is_in(spans.get_column("span_id").implode())
@@ -300,7 +320,7 @@ def _assemble(run_id: str, trace_id: str, procs: list[dict[str, Any]], spans: pl
         root_span_id=root_spans[0].span_id if root_spans else "",
         meta={},
         processes=processes,
-        problems=[],
+        problems=problems,
         root_spans=root_spans,
         spans=rest,
         service=services[0] if services else None,

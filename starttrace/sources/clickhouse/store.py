@@ -10,8 +10,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 from starttrace.run import Run
-from starttrace.sources.clickhouse import ClickHouseRuns
-from starttrace.sources.clickhouse_client import Client, connect
+from starttrace.sources.clickhouse.client import Client, check_traces_table, connect
+from starttrace.sources.clickhouse.runs import ClickHouseRuns
 
 
 class SingleRuns:
@@ -28,6 +28,7 @@ class ClickHouseStore:
 
     def __init__(self, url: str) -> None:
         self.client: Client = connect(url)
+        check_traces_table(self.client)  # a missing or foreign table is refused at start, not per request
         self.runs = ClickHouseRuns(self.client)
         self.groups = SingleRuns(self.runs)
         self.errors: list[str] = []
