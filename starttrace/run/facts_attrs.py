@@ -4,7 +4,8 @@ The run's exporter ships its facts in the run's own OTLP trace (views/otlp.py `f
 Collector -> ClickHouse -> Grafana fleet needs no service to derive them (docs/fleet.md). The
 flattening is generic, so that fields other code adds to the facts travel without a change here:
 
-- a scalar `key` -> `starttrace.run.<key>` (`run_id` -> `starttrace.run.id`); None is left out;
+- a scalar `key` -> `starttrace.run.<key>` (`run_id` -> `starttrace.run.id`); None is left out and
+  named in `starttrace.run.null_fields`, so the facts read back have the field (as None);
 - a nested dict `d` -> `starttrace.run.<d>.<key>` per entry, except `phases`, which the issue names
   `starttrace.run.phase.<phase>_s`;
 - `starttrace.run.str_fields`: the top-level fields whose values are all strings, so that a reader of
@@ -27,7 +28,8 @@ ID_KEY = PREFIX + "id"
 VERSION_KEY = PREFIX + "facts_version"
 STR_FIELDS_KEY = PREFIX + "str_fields"
 SEQ_KEY = PREFIX + "export_seq"
-_META = frozenset({STR_FIELDS_KEY, SEQ_KEY})
+NULL_FIELDS_KEY = PREFIX + "null_fields"
+_META = frozenset({STR_FIELDS_KEY, SEQ_KEY, NULL_FIELDS_KEY})
 # the fields every facts row has (fleet_answer reads them), filled when a span lacks them
 _DICT_DEFAULTS = ("phases", "role_phases", "findings", "identity")
 
@@ -44,6 +46,7 @@ def facts_attributes(facts: Mapping[str, Any], export_seq: int = 0) -> dict[str,
     """The span attributes of a facts dict (scalars: str, int, float, bool)."""
     out: dict[str, Any] = {}
     str_fields = []
+    null_fields = []
     for field, value in facts.items():
         if isinstance(value, Mapping):
             if value and all(isinstance(v, str) for v in value.values()):
@@ -57,7 +60,10 @@ def facts_attributes(facts: Mapping[str, Any], export_seq: int = 0) -> dict[str,
             if isinstance(value, str):
                 str_fields.append(field)
             out[_attr_key(field)] = value if isinstance(value, (int, float, bool)) else str(value)
+        else:
+            null_fields.append(field)
     out[STR_FIELDS_KEY] = ",".join(str_fields)
+    out[NULL_FIELDS_KEY] = ",".join(null_fields)
     out[SEQ_KEY] = export_seq
     return out
 
@@ -133,4 +139,7 @@ def facts_from_attributes(attrs: Mapping[str, Any], prefixed: bool = True) -> di
     for field in _DICT_DEFAULTS:
         out.setdefault(field, {})
     out.setdefault("time_to_ready_s", None)
+    for field in str(attrs.get(NULL_FIELDS_KEY if prefixed else NULL_FIELDS_KEY[cut:]) or "").split(","):
+        if field:
+            out.setdefault(field, None)
     return out
