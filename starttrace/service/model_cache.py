@@ -27,7 +27,7 @@ from starttrace.analysis.lanes import build_model
 from starttrace.analysis.model import RunModel
 from starttrace.run import Run
 from starttrace.sources.run_groups import RunGroups
-from starttrace.sources.store import Store
+from starttrace.sources.store import Store, write_error_text
 from starttrace.views.json import to_json
 from starttrace.views.startup_json import first_payload, lane_detail
 
@@ -189,7 +189,7 @@ class ModelCache:
         try:
             self.store.save_view(run_id, FIRST_VIEW, version, body)
         except Exception as exc:  # the answer went out anyway; /healthz reports it
-            self._error(f"saving the first answer of {run_id}: {type(exc).__name__}: {exc}")
+            self._error(f"saving the first answer of {run_id}: {write_error_text(exc, self.store.path)}")
 
     def first_bytes(self, run_id: str) -> bytes | None:
         """The page's first answer (JSON bytes): lanes, phases, findings, the spans of the first

@@ -21,9 +21,9 @@ def _serve(tmp: Path, journal_dir: Path, env: dict[str, str]) -> tuple[subproces
     port = free_port()
     cmd = [sys.executable, "-m", "starttrace.service.server", "--port", str(port), "--db", str(tmp / "st.db")]
     cmd += ["--journal-dir", str(journal_dir)]
-    log = open(tmp / "server.log", "wb")  # noqa: SIM115 - the server's whole life
     env = {**env, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(without_dac(cmd), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp))
+    with open(tmp / "server.log", "wb") as log:
+        proc = subprocess.Popen(without_dac(cmd), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(tmp))
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 30
     while time.time() < deadline:
