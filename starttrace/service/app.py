@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote_to_bytes
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -235,6 +235,32 @@ class HostGuard:
         error = f"Host {host[:200]!r} is not a name of this service (DNS rebinding guard)"
         body = json.dumps({"error": f"{error}; start it with --allow-host NAME to accept it"}).encode()
         await _refuse(send, 421, body)
+
+
+SLASH_IN_SEGMENT = "\ue000"  # a "/" sent inside one path segment (%2F), until the handler reads the id
+
+
+class EncodedSlashes:
+    """A run id holding "/" (ClickHouse keeps ids as exporters send them) is one path segment,
+    `/startup/a%2Fb`: servers decode %2F into the path, which then routes as two segments (404).
+    Such a request is routed on its raw path, a "/" within a segment kept as SLASH_IN_SEGMENT;
+    `path_id` turns it back."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw and b"%2f" in raw.lower():
+            segments = raw.split(b"?", 1)[0].split(b"/")
+            decoded = (unquote_to_bytes(seg).decode("utf-8", "replace") for seg in segments)
+            scope = dict(scope, path="/".join(seg.replace("/", SLASH_IN_SEGMENT) for seg in decoded))
+        await self.app(scope, receive, send)
+
+
+def path_id(value: str) -> str:
+    """A run id from the path, as sent (see EncodedSlashes)."""
+    return value.replace(SLASH_IN_SEGMENT, "/")
 
 
 def wants_html(request: Request) -> bool:
@@ -485,7 +511,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/startup/{run_id}")
     def startup(request: Request, run_id: str) -> Response:
         """One run's waterfall model (JSON; HTML when the client prefers text/html)."""
-        return _startup(request, run_id)
+        return _startup(request, path_id(run_id))
 
     @app.get("/startup/{run_id}/lanes/{lane}/spans")
     def lane_spans(
@@ -497,6 +523,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limit: int = Query(50_000, ge=1, le=1_000_000, description="at most this many spans, longest first"),
     ) -> Response:
         """One lane's spans in a time window, for the page's zoom and opened lanes (docs/service.md)."""
+        run_id = path_id(run_id)
         detail = cache.lane(run_id, lane, start_us=start_us, end_us=end_us, min_us=min_us, limit=limit)
         if detail is None:
             return not_found(run_id)
@@ -511,6 +538,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         detail: str = Query("full", pattern="^(full|summary)$", description="full, or summary (what Jaeger holds)"),
         summary_imports: int = Query(DEFAULT_IMPORT_BUDGET, ge=0, le=1_000_000, description="imports kept per process"),
     ) -> Response:
+        run_id = path_id(run_id)
         model = cache.model(run_id)
         run = cache.run(run_id) if model is not None else None
         if model is None or run is None:
@@ -595,4 +623,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(TokenAuth, token=settings.token)  # type: ignore[arg-type]
     # outermost: a foreign Host is refused before anything else looks at the request
     app.add_middleware(HostGuard, bind=settings.host, allowed=settings.allowed_hosts)  # type: ignore[arg-type]
+    app.add_middleware(EncodedSlashes)  # type: ignore[arg-type]
     return app

@@ -4,17 +4,20 @@ named, and every other run of that journal folder is stored; the /startup answer
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
 from hostile_journals import clone, lock, malformed_lines, real_run, unlock, without_dac, zero_link
-from st_service_helpers import ROOT, free_port, wait_for
+from st_service_helpers import ROOT, Server, free_port, wait_for
 
 
 def _serve(tmp: Path, journal_dir: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
@@ -72,3 +75,34 @@ def test_the_service_stores_every_readable_run_and_names_the_others(
         proc.terminate()
         proc.wait(20)
         unlock(locked)
+
+
+def test_run_links_keep_a_slash_inside_one_path_segment(
+    server_factory: Callable[..., Server], journal_root: Path, clean_env: Callable[..., dict[str, str]]
+) -> None:
+    """A run id holding "/" or "%2F" (a journal's run.json says so; ClickHouse keeps ids as sent):
+    the page links it as one segment, and that link, its lanes and its exports open it."""
+    base = real_run(journal_root, clean_env())
+    odd = {"team/run-1": clone(base, "20250101-000000-slash0"), "x%2Fy": clone(base, "20250101-000000-percnt")}
+    for run_id, folder in odd.items():
+        meta = json.loads((folder / "run.json").read_text())
+        (folder / "run.json").write_text(json.dumps({**meta, "run_id": run_id}))
+    srv = server_factory("--journal-dir", str(journal_root))
+
+    def listed() -> set[str]:
+        return {r["run_id"] for r in httpx.get(srv.url + "/runs", timeout=30).json()["runs"]} & set(odd)
+
+    wait_for(lambda: listed() == set(odd), timeout=60)
+    page = httpx.get(srv.url + "/runs", headers={"Accept": "text/html"}, timeout=30).text
+    links = re.findall(r'href="(/startup/[^"]*)"', page)
+    assert "/startup/team%2Frun-1" in links and "/startup/x%252Fy" in links, links
+    for run_id in odd:
+        enc = quote(run_id, safe="")
+        doc = httpx.get(f"{srv.url}/startup/{enc}", headers={"Accept": "application/json"}, timeout=60)
+        assert doc.status_code == 200 and doc.json()["run_id"] == run_id, (run_id, doc.text[:200])
+        html = httpx.get(f"{srv.url}/startup/{enc}", headers={"Accept": "text/html"}, timeout=60)
+        assert html.status_code == 200 and f'data-json-url="/startup/{quote(enc, safe="")}' not in html.text
+        assert f'href="/runs/{enc}/export?format=perfetto"' in html.text, html.text[:2000]
+        assert httpx.get(f"{srv.url}/startup/{enc}/lanes/0/spans", timeout=60).status_code == 200
+        assert httpx.get(f"{srv.url}/runs/{enc}/export?format=jaeger", timeout=60).status_code == 200
+    assert httpx.get(f"{srv.url}/startup/team/run-1", timeout=30).status_code == 404  # two segments: no such run
