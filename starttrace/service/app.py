@@ -489,6 +489,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"runs": rows})
 
     def _startup(request: Request, run_id: str) -> Response:
+        with cache.serving():  # requests first: background work waits (service/model_cache.py)
+            return _startup_answer(request, run_id)
+
+    def _startup_answer(request: Request, run_id: str) -> Response:
         if wants_html(request):
             data = cache.head(run_id)
             if data is None:
@@ -524,7 +528,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ) -> Response:
         """One lane's spans in a time window, for the page's zoom and opened lanes (docs/service.md)."""
         run_id = path_id(run_id)
-        detail = cache.lane(run_id, lane, start_us=start_us, end_us=end_us, min_us=min_us, limit=limit)
+        with cache.serving():
+            detail = cache.lane(run_id, lane, start_us=start_us, end_us=end_us, min_us=min_us, limit=limit)
         if detail is None:
             return not_found(run_id)
         if detail is False:
@@ -539,8 +544,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary_imports: int = Query(DEFAULT_IMPORT_BUDGET, ge=0, le=1_000_000, description="imports kept per process"),
     ) -> Response:
         run_id = path_id(run_id)
-        model = cache.model(run_id)
-        run = cache.run(run_id) if model is not None else None
+        with cache.serving():
+            model = cache.model(run_id)
+            run = cache.run(run_id) if model is not None else None
         if model is None or run is None:
             return not_found(run_id)
         # Spans still open end where the model ends them: now while the run is live, else at the
@@ -574,10 +580,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/compare")
     def compare_runs(request: Request, a: str = Query(...), b: str = Query(...)) -> Response:
         """Run A vs run B: per phase, per rank, per module."""
-        ma = cache.model(a)
+        with cache.serving():
+            ma = cache.model(a)
+            mb = cache.model(b) if ma is not None else None
         if ma is None:
             return not_found(a)
-        mb = cache.model(b)
         if mb is None:
             return not_found(b)
         cmp = compare(ma, mb).to_json()
