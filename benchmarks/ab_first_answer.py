@@ -12,7 +12,9 @@ the store's idle checkpoint comes 0.5 s after the last write), or `ack` (asked t
 OTLP request is answered 200, i.e. committed, without polling). The moment a user sees is the worst
 of these: the table gives each moment's median and the worst median. `--previous`: a run of the
 same shape (`previous`) is ingested just before, so that the background work for the run that just
-ended (its prebuild, its save, the checkpoint) runs while the run asked for is stored and opened.
+ended (its prebuild, its save, the checkpoint) runs while the run asked for is stored and opened;
+it started an hour before the asked run (a run overlapping it in time, naming the same
+rendezvous, would be joined with it: sources/run_groups.py).
 
 What `bench_service.py` measures as "first GET /startup/{run} right after ingest", alone, several
 times: a fresh service per measurement (its `Server`), the 64 x 6000 run on 8 nodes
@@ -146,7 +148,7 @@ def main() -> int:
     if args.previous:
         before = bench_service.make_multinode_run(
             args.nodes, args.ranks // args.nodes, args.spans_per_rank, run_id="previous", seed=43,
-            shared_modules=args.shared_modules,
+            shared_modules=args.shared_modules, t0=1_800_000_000_000_000_000 - 3600 * 10**9,  # not joined
         )  # fmt: skip
         previous = bench_service.protobuf_batches(before, 512)
     print(f"{run.span_count:,} spans ({args.ranks} ranks on {args.nodes} nodes), {len(bodies)} requests, 4 clients")

@@ -624,7 +624,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         def models() -> list[RunModel]:  # the newest run of each service: the gauges' "last run"
             return metrics.newest_per_service(store.newest_run_ids(metrics.METRIC_RUNS), cache.model)
 
-        return Response(metrics.render(counters, models), media_type="text/plain; version=0.0.4; charset=utf-8")
+        with cache.serving():  # a scrape is a request: it never waits for background work
+            text = metrics.render(counters, models)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     if settings.token:
         app.add_middleware(TokenAuth, token=settings.token)  # type: ignore[arg-type]
