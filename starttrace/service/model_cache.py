@@ -17,9 +17,8 @@
   through `model`), the store's idle checkpoint. One first answer is rendered once per model: a
   request and the prebuild thread asking for it at once share one rendering. Without this, the
   first request right after an ingest ran next to the prebuild of the same run (two renderings of
-  one answer), its save and a checkpoint: the first answer at 0.3-0.6 s after the last span was
-  stored took longer than right at it (docs/benchmarks.md, "The first answer at the moment a user
-  sees it").
+  one answer), its save and a checkpoint (docs/benchmarks.md, "The first answer at the moment a
+  user sees it").
 """
 
 from __future__ import annotations
