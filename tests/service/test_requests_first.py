@@ -5,8 +5,9 @@ its background threads running)."""
 
 from __future__ import annotations
 
+import gc
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +18,14 @@ from synth_runs import make_run, to_protobuf
 import starttrace.service.model_cache as model_cache
 
 PB = {"Content-Type": "application/x-protobuf"}
+
+
+@pytest.fixture(autouse=True)
+def collected() -> Iterator[None]:
+    """After the app is closed: its threads' SQLite connections, garbage now, are closed here, not
+    in the middle of a later test that counts open descriptors (tests/unit/test_journal.py)."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture
