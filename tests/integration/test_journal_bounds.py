@@ -8,7 +8,6 @@ named; a folder that cannot be listed is skipped and named by `runs`, `report` a
 from __future__ import annotations
 
 import json
-import resource
 import shutil
 import subprocess
 import sys
@@ -94,7 +93,6 @@ def test_a_1_gib_sparse_segment_costs_no_memory(cli: Cli, base: Path) -> None:
     plain = _peak_rss_kib(cli, "report", base.name, "--dir", str(base.parent), "--json")
     sparse = _peak_rss_kib(cli, "report", run.name, "--dir", str(base.parent), "--json")
     assert sparse < plain + 64 * 1024, (plain, sparse)  # was ~1.1 GB more
-    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 1 << 20
 
 
 def test_two_million_malformed_lines_give_a_bounded_answer(cli: Cli, base: Path) -> None:
