@@ -267,14 +267,18 @@ def runs(
 
 
 def _run_row(path: Path) -> dict[str, Any]:
-    meta: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        meta = json.loads((path / "run.json").read_text(encoding="utf-8"))
     from starttrace.analysis.liveness import run_status
-    from starttrace.sources.journal_files import journal_files
+    from starttrace.sources.journal_files import journal_files, read_small
     from starttrace.sources.journal_reader import EmptyRun, ReaderError, read_run
 
-    journals = journal_files(path)  # one per process, either format version (docs/journal.md)
+    meta: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        meta = json.loads(read_small(path / "run.json"))  # bounded: a link to /dev/zero never ends
+    meta = meta if isinstance(meta, dict) else {}
+    try:
+        journals = journal_files(path)  # one per process, either format version (docs/journal.md)
+    except OSError:
+        journals = []  # a folder we may not list: its status says so
     try:  # the model's status (analysis/liveness.py): `report` and the service say the same
         status = run_status(read_run(path))
     except EmptyRun:

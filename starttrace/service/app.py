@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote_to_bytes
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -235,6 +235,32 @@ class HostGuard:
         error = f"Host {host[:200]!r} is not a name of this service (DNS rebinding guard)"
         body = json.dumps({"error": f"{error}; start it with --allow-host NAME to accept it"}).encode()
         await _refuse(send, 421, body)
+
+
+SLASH_IN_SEGMENT = "\ue000"  # a "/" sent inside one path segment (%2F), until the handler reads the id
+
+
+class EncodedSlashes:
+    """A run id holding "/" (ClickHouse keeps ids as exporters send them) is one path segment,
+    `/startup/a%2Fb`: servers decode %2F into the path, which then routes as two segments (404).
+    Such a request is routed on its raw path, a "/" within a segment kept as SLASH_IN_SEGMENT;
+    `path_id` turns it back."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw = scope.get("raw_path") if scope["type"] == "http" else None
+        if raw and b"%2f" in raw.lower():
+            segments = raw.split(b"?", 1)[0].split(b"/")
+            decoded = (unquote_to_bytes(seg).decode("utf-8", "replace") for seg in segments)
+            scope = dict(scope, path="/".join(seg.replace("/", SLASH_IN_SEGMENT) for seg in decoded))
+        await self.app(scope, receive, send)
+
+
+def path_id(value: str) -> str:
+    """A run id from the path, as sent (see EncodedSlashes)."""
+    return value.replace(SLASH_IN_SEGMENT, "/")
 
 
 def wants_html(request: Request) -> bool:
@@ -468,6 +494,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         return JSONResponse({"runs": rows})
 
     def _startup(request: Request, run_id: str) -> Response:
+        with cache.serving():  # requests first: background work waits (service/model_cache.py)
+            return _startup_answer(request, run_id)
+
+    def _startup_answer(request: Request, run_id: str) -> Response:
         if wants_html(request):
             data = cache.head(run_id)
             if data is None:
@@ -512,7 +542,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/startup/{run_id}")
     def startup(request: Request, run_id: str) -> Response:
         """One run's waterfall model (JSON; HTML when the client prefers text/html)."""
-        return _startup(request, run_id)
+        return _startup(request, path_id(run_id))
 
     @app.get("/startup/{run_id}/lanes/{lane}/spans")
     def lane_spans(
@@ -524,7 +554,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limit: int = Query(50_000, ge=1, le=1_000_000, description="at most this many spans, longest first"),
     ) -> Response:
         """One lane's spans in a time window, for the page's zoom and opened lanes (docs/service.md)."""
-        detail = cache.lane(run_id, lane, start_us=start_us, end_us=end_us, min_us=min_us, limit=limit)
+        run_id = path_id(run_id)
+        with cache.serving():
+            detail = cache.lane(run_id, lane, start_us=start_us, end_us=end_us, min_us=min_us, limit=limit)
         if detail is None:
             return not_found(run_id)
         if detail is False:
@@ -538,8 +570,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         detail: str = Query("full", pattern="^(full|summary)$", description="full, or summary (what Jaeger holds)"),
         summary_imports: int = Query(DEFAULT_IMPORT_BUDGET, ge=0, le=1_000_000, description="imports kept per process"),
     ) -> Response:
-        model = cache.model(run_id)
-        run = cache.run(run_id) if model is not None else None
+        run_id = path_id(run_id)
+        with cache.serving():
+            model = cache.model(run_id)
+            run = cache.run(run_id) if model is not None else None
         if model is None or run is None:
             return not_found(run_id)
         # Spans still open end where the model ends them: now while the run is live, else at the
@@ -573,10 +607,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.get("/compare")
     def compare_runs(request: Request, a: str = Query(...), b: str = Query(...)) -> Response:
         """Run A vs run B: per phase, per rank, per module."""
-        ma = cache.model(a)
+        with cache.serving():
+            ma = cache.model(a)
+            mb = cache.model(b) if ma is not None else None
         if ma is None:
             return not_found(a)
-        mb = cache.model(b)
         if mb is None:
             return not_found(b)
         cmp = compare(ma, mb).to_json()
@@ -616,10 +651,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         def models() -> list[RunModel]:  # the newest run of each service: the gauges' "last run"
             return metrics.newest_per_service(store.newest_run_ids(metrics.METRIC_RUNS), cache.model)
 
-        return Response(metrics.render(counters, models), media_type="text/plain; version=0.0.4; charset=utf-8")
+        with cache.serving():  # a scrape is a request: it never waits for background work
+            text = metrics.render(counters, models)
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     if settings.token:
         app.add_middleware(TokenAuth, token=settings.token)  # type: ignore[arg-type]
     # outermost: a foreign Host is refused before anything else looks at the request
     app.add_middleware(HostGuard, bind=settings.host, allowed=settings.allowed_hosts)  # type: ignore[arg-type]
+    app.add_middleware(EncodedSlashes)  # type: ignore[arg-type]
     return app

@@ -12,13 +12,22 @@
   `LIVE_IDLE_S` instead: nothing is rebuilt every second next to a startup that is being traced.
 - While a model is built, the store's idle WAL checkpoint waits (`Store.deferring_checkpoints`):
   right after ingest it copied the whole ingest's pages next to the first request.
+- Requests first (`serving`): while a request is answered, background work waits before its next
+  step: prebuilding and saving answers, the fleet facts' model loads (service/fleet.py loads
+  through `model`), the store's idle checkpoint. One first answer is rendered once per model: a
+  request and the prebuild thread asking for it at once share one rendering. Without this, the
+  first request right after an ingest ran next to the prebuild of the same run (two renderings of
+  one answer), its save and a checkpoint (docs/benchmarks.md, "The first answer at the moment a
+  user sees it").
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +36,14 @@ from starttrace.analysis.lanes import build_model
 from starttrace.analysis.model import RunModel
 from starttrace.run import Run
 from starttrace.sources.run_groups import RunGroups
-from starttrace.sources.store import Store
+from starttrace.sources.store import Store, write_error_text
 from starttrace.views.json import to_json
 from starttrace.views.startup_json import first_payload, lane_detail
 
 MAX_MODELS = 64
 MAX_MODEL_SPANS = 2_000_000
 LIVE_IDLE_S = 5.0
+YIELD_MAX_S = 30.0  # background work waits for requests at most this long per step (never starved)
 FIRST_VIEW = "first"  # the store's name for the saved first answer
 
 
@@ -66,11 +76,44 @@ class ModelCache:
         self.errors: list[str] = []
         self.prebuilt = 0
         self._building: str | None = None
+        self._serving = 0  # requests being answered now (`serving`)
+        self._served = threading.Condition()
+        self._local = threading.local()  # .request: this thread answers a request
 
     @property
     def pending(self) -> int:
         """Runs waiting for their model to be prebuilt (or being built now)."""
         return len(self._dirty) + len(self._saves) + (1 if self._building is not None else 0)
+
+    # requests first -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """A request is answered on this thread: background work waits (`_yield_to_requests`), and so
+        does the store's idle WAL checkpoint."""
+        with self._served:
+            self._serving += 1
+        self._local.request = True
+        try:
+            with self.store.deferring_checkpoints():
+                yield
+        finally:
+            self._local.request = False
+            with self._served:
+                self._serving -= 1
+                if not self._serving:
+                    self._served.notify_all()
+
+    def _yield_to_requests(self) -> None:
+        """On a background thread: wait while requests are answered (at most YIELD_MAX_S)."""
+        if getattr(self._local, "request", False):
+            return
+        deadline = time.monotonic() + YIELD_MAX_S
+        with self._served:
+            while self._serving and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._served.wait(min(left, 0.5))
 
     # models --------------------------------------------------------------------------------
     def _run_lock(self, run_id: str) -> threading.Lock:
@@ -98,6 +141,7 @@ class ModelCache:
         model = self._current(run_id, version)
         if model is not None:
             return model
+        self._yield_to_requests()
         with self._run_lock(run_id), self.store.deferring_checkpoints():
             model = self._current(run_id, version)
             if model is not None:
@@ -165,12 +209,24 @@ class ModelCache:
         return self._render_first(run_id, model)
 
     def _render_first(self, run_id: str, model: RunModel) -> _First:
+        entry = self._usable_first(run_id, model)
+        if entry is not None:
+            return entry
+        self._yield_to_requests()
+        with self._run_lock(run_id):  # once per model: a request and the prebuild share one rendering
+            entry = self._usable_first(run_id, model)
+            return entry if entry is not None else self._render_new_first(run_id, model)
+
+    def _usable_first(self, run_id: str, model: RunModel) -> _First | None:
         entry = self._first.get(run_id)
         if entry is not None and entry.model_id == id(model):
             return entry
         if entry is not None and entry.version == model.version and not entry.live and not model.live:
             entry.model_id = id(model)  # the same data: the answer loaded from the store stands
             return entry
+        return None
+
+    def _render_new_first(self, run_id: str, model: RunModel) -> _First:
         doc = first_payload(model)
         body = json.dumps(doc, separators=(",", ":"), default=str).encode()
         for lane in doc["lanes"]:
@@ -189,7 +245,7 @@ class ModelCache:
         try:
             self.store.save_view(run_id, FIRST_VIEW, version, body)
         except Exception as exc:  # the answer went out anyway; /healthz reports it
-            self._error(f"saving the first answer of {run_id}: {type(exc).__name__}: {exc}")
+            self._error(f"saving the first answer of {run_id}: {write_error_text(exc, self.store.path)}")
 
     def first_bytes(self, run_id: str) -> bytes | None:
         """The page's first answer (JSON bytes): lanes, phases, findings, the spans of the first
@@ -259,6 +315,8 @@ class ModelCache:
             self._wake.wait(timeout=max(0.05, float(self.idle_s or 0)) if self._dirty else None)
             self._wake.clear()
             while self._saves:  # before stopping too: a restart then answers from the store
+                if not self._stop.is_set():
+                    self._yield_to_requests()
                 run_id, (version, body) = self._saves.popitem()
                 self._save(run_id, version, body)
             if self._stop.is_set():

@@ -8,15 +8,114 @@ never write or lock anything; they read live journals as they are.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
 V1_SUFFIX = ".jsonl"
 _SEGMENT = re.compile(r"(?P<journal>.+)\.(?P<n>\d+)\.journal")
 _CHUNK = 1 << 16
+
+# Bounds on what a reader takes from a run folder (docs/journal.md, "Reading bounds"): a writer's
+# segment is at most 8 MiB (a record larger than that gets a segment of its own size).
+MAX_SEGMENT_BYTES = 64 << 20
+MAX_RUN_BYTES_ENV = "STARTTRACE_MAX_RUN_MB"  # the cap per run, in MiB (default 1024)
+DEFAULT_MAX_RUN_BYTES = 1024 << 20
+MAX_SMALL_FILE_BYTES = 1 << 20  # run.json, clock files
+_READ_CHUNK = 1 << 20
+_ZERO_CHUNK = bytes(_READ_CHUNK)
+
+
+def max_run_bytes() -> int:
+    """The cap on journal bytes read per run (STARTTRACE_MAX_RUN_MB, else DEFAULT_MAX_RUN_BYTES)."""
+    value = os.environ.get(MAX_RUN_BYTES_ENV, "")
+    try:
+        return max(1, int(float(value) * (1 << 20))) if value else DEFAULT_MAX_RUN_BYTES
+    except ValueError:
+        return DEFAULT_MAX_RUN_BYTES
+
+
+class ReadBudget:
+    """The journal bytes a reader may still take from one run, and what it skipped (for `problems`)."""
+
+    def __init__(self, total: int | None = None) -> None:
+        self.left = max_run_bytes() if total is None else total
+        self.skipped: list[str] = []
+
+
+def _open_regular(path: Path) -> int:
+    """A descriptor of `path`, which must be a regular file (not a FIFO, a device such as /dev/zero,
+    a socket or a folder, also through a link). Raises OSError naming what it is instead."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO must not wait for a writer
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"not a regular file ({_kind(mode)})", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def read_small(path: Path, limit: int = MAX_SMALL_FILE_BYTES) -> bytes:
+    """The bytes of a small file (run.json, a clock file): a regular file of at most `limit` bytes.
+    Raises OSError otherwise."""
+    fd = _open_regular(path)
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+    return data
+
+
+def _read_bounded(path: Path, budget: ReadBudget, version2: bool) -> bytes:
+    """A journal file's bytes, at most MAX_SEGMENT_BYTES and what `budget` has left; a version 2
+    segment's read stops at its unused tail (a whole chunk of zero bytes: a sparse 1 GiB segment
+    costs one chunk). What was not read is noted in `budget.skipped`. Raises OSError."""
+    fd = _open_regular(path)
+    with os.fdopen(fd, "rb", buffering=0) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        limit = min(MAX_SEGMENT_BYTES, max(0, budget.left))
+        parts: list[bytes] = []
+        got = 0
+        while got < limit:
+            chunk = handle.read(min(_READ_CHUNK, limit - got))
+            if not chunk:
+                break
+            if version2 and chunk == _ZERO_CHUNK[: len(chunk)]:
+                break  # the unused tail
+            parts.append(chunk)
+            got += len(chunk)
+        else:
+            if handle.read(1) and not (version2 and _all_zero_after(handle)):
+                cap = "the run's cap" if limit < MAX_SEGMENT_BYTES else f"{MAX_SEGMENT_BYTES >> 20} MiB per segment"
+                budget.skipped.append(f"read only {got} of the {size} bytes of {path.name} ({cap}); the rest skipped")
+    budget.left -= got
+    return b"".join(parts)
+
+
+def _all_zero_after(handle: Any) -> bool:
+    """Is the next chunk of the file (after the one byte just read) zero bytes only? (the tail)"""
+    handle.seek(-1, os.SEEK_CUR)
+    chunk = handle.read(_READ_CHUNK)
+    return chunk == _ZERO_CHUNK[: len(chunk)]
 
 
 CLOCK_PREFIX = "clock-"  # clock-<root span id>.json: a host's NTP state (starttrace.clocksync.record)
@@ -82,19 +181,26 @@ def split_segment(data: bytes) -> tuple[bytes, bytes]:
     return data[:end], data[end : len(data) if stop < 0 else stop]
 
 
-def journal_lines(journal: Path) -> list[bytes]:
+def journal_lines(journal: Path, budget: ReadBudget | None = None) -> list[bytes]:
     """The record lines of a journal (either version), as `data.split(b"\\n")` gives them for a
     version 1 file: the last item is b"" when the journal ends with a whole record, else the cut
-    last record. Zero-byte tails of version 2 segments are not lines. Raises OSError."""
+    last record. Zero-byte tails of version 2 segments are not lines. Reads within `budget` (a new
+    one per call when None): what it could not read is named in `budget.skipped`. Raises OSError
+    (also for a file that is not a regular file)."""
+    budget = ReadBudget() if budget is None else budget
     parts = segments(journal)
     if len(parts) == 1 and _segment_key(parts[0]) is None:
-        return parts[0].read_bytes().split(b"\n")
+        return _read_bounded(parts[0], budget, version2=False).split(b"\n")
     lines: list[bytes] = []
     fragment = b""
-    for path in parts:
+    for index, path in enumerate(parts):
+        if budget.left <= 0:
+            rest = len(parts) - index - 1
+            budget.skipped.append(f"skipped {path.name} and the {rest} segment(s) after it (the run's cap)")
+            break
         if fragment:  # a cut record followed by another segment: a line of its own (malformed)
             lines.append(fragment)
-        records, fragment = split_segment(path.read_bytes())
+        records, fragment = split_segment(_read_bounded(path, budget, version2=True))
         if records:
             lines.extend(records.split(b"\n")[:-1])
     lines.append(fragment)
@@ -107,7 +213,7 @@ def used_bytes(path: Path, known: int = 0) -> int:
     an earlier answer for the same file, makes it cheap: only the bytes after it are read."""
     if _segment_key(path) is None:
         return os.stat(path).st_size
-    with open(path, "rb", buffering=0) as handle:
+    with os.fdopen(_open_regular(path), "rb", buffering=0) as handle:
         end = 0
         if known > 0:
             handle.seek(known - 1)
@@ -130,6 +236,8 @@ def used_bytes(path: Path, known: int = 0) -> int:
             if stop >= 0:
                 return end
             offset += len(chunk)
+            if offset >= MAX_SEGMENT_BYTES:
+                return end  # what a reader would read of it (_read_bounded)
 
 
 def journal_signature(run_dir: Path, known: dict[str, int] | None = None) -> tuple[tuple[str, int, int], ...]:
@@ -146,12 +254,14 @@ def journal_signature(run_dir: Path, known: dict[str, int] | None = None) -> tup
                 if not journal and name != "run.json" and not is_clock_file(name):
                     continue
                 try:
-                    stat = entry.stat()
-                    used = used_bytes(Path(entry.path), known.get(name, 0)) if journal else stat.st_size
+                    info = entry.stat()
+                    if not stat.S_ISREG(info.st_mode):
+                        continue  # never opened (a FIFO would block, /dev/zero never ends); the reader names it
+                    used = used_bytes(Path(entry.path), known.get(name, 0)) if journal else info.st_size
                 except OSError:
                     continue
                 known[name] = used
-                out.append((name, used, stat.st_mtime_ns))
+                out.append((name, used, info.st_mtime_ns))
     except OSError:
         return ()
     return tuple(sorted(out))

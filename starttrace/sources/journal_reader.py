@@ -33,7 +33,14 @@ from starttrace.run import (
     as_int64,
     journal_cut,
 )
-from starttrace.sources.journal_files import CLOCK_PREFIX, journal_files, journal_lines, parse_record
+from starttrace.sources.journal_files import (
+    CLOCK_PREFIX,
+    ReadBudget,
+    journal_files,
+    journal_lines,
+    parse_record,
+    read_small,
+)
 from starttrace.sources.plausible import drop_implausible
 from starttrace.tracer.boot import default_journal_root, process_start_monotonic
 
@@ -71,11 +78,21 @@ def default_root() -> Path:
 
 
 def list_run_dirs(root: Path) -> list[Path]:
-    """Run folders under `root`, newest first."""
+    """Run folders under `root`, newest first. A folder that cannot be listed is one (`read_run`
+    then says why it cannot be read), so that it is named, not silently left out."""
     if not root.is_dir():
         return []
-    runs = [p for p in root.iterdir() if p.is_dir() and ((p / "run.json").exists() or any(journal_files(p)))]
+    runs = [p for p in root.iterdir() if _is_run_dir(p)]
     return sorted(runs, key=_created_key, reverse=True)
+
+
+def _is_run_dir(path: Path) -> bool:
+    try:
+        if not path.is_dir():
+            return False
+        return (path / "run.json").exists() or any(journal_files(path))
+    except OSError:
+        return True  # a folder we may not look into (permissions): named by read_run's error
 
 
 def _created_key(run_dir: Path) -> tuple[str, float, str]:
@@ -84,13 +101,18 @@ def _created_key(run_dir: Path) -> tuple[str, float, str]:
     name = run_dir.name
     if len(name) > 15 and name[8] == "-" and name[:8].isdigit() and name[9:15].isdigit():
         return name[:15], run_dir.stat().st_mtime, name
-    meta = run_dir / "run.json"
-    mtime = (meta if meta.exists() else run_dir).stat().st_mtime
+    try:
+        meta = run_dir / "run.json"
+        mtime = (meta if meta.exists() else run_dir).stat().st_mtime
+    except OSError:
+        mtime = 0.0
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime(mtime)), mtime, name
 
 
 def find_run_dir(root: Path, run_id: str | None) -> Path:
     """The folder of `run_id` (a unique prefix is enough), or the newest run when None."""
+    if run_id is not None and not run_id.strip():
+        raise RunNotFound(f"a run id is required: the one given is empty ({run_id!r}); `starttrace runs` lists them")
     runs = list_run_dirs(root)
     if run_id is None:
         if not runs:
@@ -108,6 +130,12 @@ def find_run_dir(root: Path, run_id: str | None) -> Path:
     raise RunNotFound(f"run id {run_id!r} is ambiguous: {', '.join(p.name for p in matches[:5])}")
 
 
+MAX_EXAMPLES = 3  # malformed lines named one by one per journal; the rest are counted
+MAX_WARNINGS = 20  # a process's own `warn` records kept (the first ones, and its last)
+MAX_WARNING_CHARS = 1000
+MAX_SKIPPED_NOTES = 20
+
+
 @dataclass
 class _ParsedJournal:
     record: dict[str, Any]
@@ -118,12 +146,14 @@ class _ParsedJournal:
     problems: list[str]
 
 
-def _parse_journal(path: Path) -> _ParsedJournal | str:
-    """Parse one journal; a string is the reason the whole file was skipped."""
+def _parse_journal(path: Path, budget: ReadBudget | None = None) -> _ParsedJournal | str:
+    """Parse one journal, within the run's read `budget`; a string is the reason the whole file
+    was skipped. Malformed lines are counted, the first MAX_EXAMPLES named; `warn` records are kept
+    up to MAX_WARNINGS (the last one always: a journal cut short says why last)."""
     # Long by design: one pass over a journal's records, one branch per record kind (docs/journal.md); kept in one loop
     # for speed on 100k-record journals.
     try:
-        lines = journal_lines(path)  # either version; a version 2 journal's segments joined
+        lines = journal_lines(path, budget)  # either version; a version 2 journal's segments joined
     except OSError as exc:
         return f"cannot read {path.name}: {exc}"
     record: dict[str, Any] | None = None
@@ -133,6 +163,8 @@ def _parse_journal(path: Path) -> _ParsedJournal | str:
     warnings: list[str] = []
     problems: list[str] = []
     mono = epoch = 0
+    malformed = 0
+    dropped_warnings = 0
     for number, raw in enumerate(lines, 1):
         if not raw.strip():
             continue
@@ -140,7 +172,12 @@ def _parse_journal(path: Path) -> _ParsedJournal | str:
             item = parse_record(raw)
         except ValueError:
             last = number == len(lines) or (number == len(lines) - 1 and not lines[-1])
-            problems.append(f"skipped {'cut last' if last else 'malformed'} line {number} of {path.name}")
+            if last:
+                problems.append(f"skipped cut last line {number} of {path.name}")
+            else:
+                malformed += 1
+                if malformed <= MAX_EXAMPLES:
+                    problems.append(f"skipped malformed line {number} of {path.name}")
             continue
         kind = item.get("k")
         if record is None:
@@ -179,9 +216,18 @@ def _parse_journal(path: Path) -> _ParsedJournal | str:
             elif kind == "attrs":
                 attrs.update(item.get("a") or {})
             elif kind == "warn":
-                warnings.append(str(item.get("msg", "")))
+                if len(warnings) >= MAX_WARNINGS:
+                    dropped_warnings += 1
+                    warnings.pop()  # the last one stays last (journal_cut reads it)
+                warnings.append(str(item.get("msg", ""))[:MAX_WARNING_CHARS])
         except (KeyError, TypeError, ValueError):
-            problems.append(f"skipped malformed record on line {number} of {path.name}")
+            malformed += 1
+            if malformed <= MAX_EXAMPLES:
+                problems.append(f"skipped malformed record on line {number} of {path.name}")
+    if malformed > MAX_EXAMPLES:
+        problems.append(f"skipped {malformed - MAX_EXAMPLES} more malformed lines of {path.name} ({malformed} in all)")
+    if dropped_warnings:
+        problems.append(f"{path.name}: {dropped_warnings} more warn records than the {MAX_WARNINGS} kept")
     if record is None:
         return f"skipped {path.name}: empty journal"
     return _ParsedJournal(record, spans, ends, attrs, warnings, problems)
@@ -227,19 +273,30 @@ def read_run(run_dir: Path) -> Run:
     meta: dict[str, Any] = {}
     problems: list[str] = []
     meta_path = run_dir / "run.json"
-    if meta_path.exists():
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8") or "{}")
-        except (ValueError, OSError) as exc:
-            problems.append(f"run.json unreadable: {exc}")
+    try:
+        if meta_path.exists() or meta_path.is_symlink():
+            meta = json.loads(read_small(meta_path).decode("utf-8") or "{}")
+            if not isinstance(meta, dict):
+                raise ValueError("not a JSON object")
+    except (ValueError, OSError) as exc:
+        meta = {}
+        problems.append(f"run.json unreadable: {exc}")
+    try:
+        paths = journal_files(run_dir)
+    except OSError as exc:
+        raise ReaderError(f"run {run_dir.name} is unreadable: cannot list its folder ({exc.strerror or exc})") from None
     parsed: list[tuple[Path, _ParsedJournal]] = []
-    for path in journal_files(run_dir):
-        result = _parse_journal(path)
+    budget = ReadBudget()
+    for path in paths:
+        result = _parse_journal(path, budget)
         if isinstance(result, str):
             problems.append(result)
         else:
             parsed.append((path, result))
             problems.extend(result.problems)
+    problems.extend(budget.skipped[:MAX_SKIPPED_NOTES])
+    if len(budget.skipped) > MAX_SKIPPED_NOTES:
+        problems.append(f"{len(budget.skipped) - MAX_SKIPPED_NOTES} more journal files cut or skipped (the run's cap)")
     if not parsed:
         why = "; ".join(problems) if problems else "no journal files"
         raise EmptyRun(f"run {run_dir.name} has no readable journal ({why})")
@@ -422,7 +479,7 @@ def _add_clock_states(run_dir: Path, processes: list[Process]) -> None:
     states: dict[str, dict[str, Any]] = {}  # kernel boot id -> NTP attributes
     for path in sorted(run_dir.glob(f"{CLOCK_PREFIX}*.json")):
         try:
-            body = json.loads(path.read_text(encoding="utf-8"))
+            body = json.loads(read_small(path))
             boot, attrs = str(body["domain"]).partition("/")[0], body["attrs"]
         except (OSError, ValueError, KeyError, TypeError):
             continue

@@ -19,6 +19,7 @@ from typing import Any
 import polars as pl
 
 from starttrace.run import Run
+from starttrace.sources.journal_files import read_small
 from starttrace.sources.store import Store
 
 Signature = tuple[str, str, int]  # (kind, endpoint, size)
@@ -184,7 +185,7 @@ def _folder_window(run_dir: Path) -> tuple[int, int] | None:
     and the newest file time, widened by SLACK_NS."""
     try:
         stats = [entry.stat().st_mtime_ns for entry in os.scandir(run_dir) if entry.is_file()]
-        meta = json.loads((run_dir / "run.json").read_text(encoding="utf-8")) if (run_dir / "run.json").exists() else {}
+        meta = json.loads(read_small(run_dir / "run.json")) if (run_dir / "run.json").exists() else {}
     except (OSError, ValueError):
         return None
     created = meta.get("created_epoch_ns") if isinstance(meta, dict) else None

@@ -31,6 +31,7 @@ upgraded in place (its rows packed into batches, `spans` dropped); an older file
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import operator
 import queue
@@ -248,6 +249,24 @@ class SchemaError(RuntimeError):
     """The database file was written by an older, incompatible version of the store."""
 
 
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back the open transaction, if SQLite has not done so itself: on SQLITE_FULL it may have,
+    and a ROLLBACK then fails with "no transaction is active", hiding the error that matters."""
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+def write_error_text(exc: BaseException, path: str = "") -> str:
+    """What a failed store write says (/healthz, 503 answers): a full disk says "disk full"."""
+    text = f"{type(exc).__name__}: {exc}"
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code == getattr(sqlite3, "SQLITE_FULL", 13) or getattr(exc, "errno", None) == errno.ENOSPC:
+        where = f" where the store is ({path})" if path and path != ":memory:" else ""
+        return f"disk full: no space left{where} ({text})"
+    return text
+
+
 # WAL checkpoints (see Store.__init__): after this many seconds without ingest, or this many spans
 CHECKPOINT_IDLE_S = 0.5
 CHECKPOINT_SPANS = 500_000
@@ -333,7 +352,7 @@ def upgrade_span_rows(conn: sqlite3.Connection) -> None:
         conn.execute("DROP TABLE spans")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        _rollback(conn)
         raise
 
 
@@ -376,7 +395,7 @@ def upgrade_marshal_batches(conn: sqlite3.Connection) -> int:
             done += 1
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        _rollback(conn)
         raise
     return done
 
@@ -513,7 +532,7 @@ class Store:
             except Exception as exc:
                 if batch.on_written is None:
                     raise
-                batch.on_written(f"{type(exc).__name__}: {exc}")
+                batch.on_written(write_error_text(exc, self.path))
                 return
             if batch.on_written is not None:
                 batch.on_written(None)
@@ -583,7 +602,7 @@ class Store:
                 try:
                     self._write_batches(batches)
                 except Exception as exc:  # keep the writer alive; report through /healthz
-                    failed = f"{type(exc).__name__}: {exc}"
+                    failed = write_error_text(exc, self.path)
                     self.errors.append(failed)
                     del self.errors[:-20]
                     with self._queued_lock:
@@ -678,7 +697,7 @@ class Store:
                 conn.execute("COMMIT")
                 _acknowledge(batches)  # on disk now: the receiver answers while the rest goes on
             except BaseException:
-                conn.execute("ROLLBACK")
+                _rollback(conn)
                 self._lane_ids.clear()  # ids created by the rolled-back transaction
                 self._iid_owners.clear()
                 self._trace_ids.clear()
@@ -1019,7 +1038,7 @@ class Store:
                 )
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
         return cur.rowcount > 0
 
@@ -1060,7 +1079,7 @@ class Store:
                     conn.execute("DELETE FROM runs WHERE run_id = ?", (rid,))
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                _rollback(conn)
                 raise
             finally:
                 self._lane_ids.clear()

@@ -7,7 +7,9 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import jinja2.filters
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from starttrace.analysis.folding import is_not_python
@@ -67,7 +69,20 @@ def environment() -> Environment:
     env.globals["phase_color"] = phase_color
     env.tests["search_not_python"] = is_not_python  # expected children with no journal: a note, not a warning
     env.filters["utc"] = lambda secs: dt.datetime.fromtimestamp(float(secs), dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    env.filters["urlencode"] = path_segment
     return env
+
+
+_urlencode = jinja2.filters.do_urlencode
+
+
+def path_segment(value: Any) -> str:
+    """The templates' `urlencode`, for run ids in links (`/startup/{{ id | urlencode }}`): a string
+    becomes ONE path segment, "/" included (Jinja's own keeps "/", so a run id `a/b` opened
+    `/startup/a/b`, a 404); a mapping or pairs are a query string as Jinja makes it."""
+    if isinstance(value, str):
+        return quote(value, safe="")
+    return str(_urlencode(value))
 
 
 def render_page(env: Environment, name: str, **ctx: Any) -> str:
