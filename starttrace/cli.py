@@ -88,6 +88,13 @@ def _root(directory: Path | None) -> Path:
     return directory if directory is not None else default_root()
 
 
+def strict_json(obj: Any, indent: int | None = None) -> str:
+    """Strict JSON (NaN and infinities as null), as every JSON output of the CLI writes it."""
+    from starttrace.views.json import dumps
+
+    return dumps(obj, indent=indent)
+
+
 def _load(run: str | None, directory: Path | None, clickhouse: str | None = None) -> Run:
     from starttrace.analysis.clocks import correct_clocks
 
@@ -236,7 +243,7 @@ def runs(
     """List recorded runs: time, id, command, processes, status."""
     rows = [_run_row(path) for path in list_run_dirs(_root(directory))[:limit]]
     if as_json:
-        console.print_json(json.dumps(rows))
+        console.print_json(strict_json(rows))
         return
     table = Table(title=f"runs in {_root(directory)}")
     for column in ("time (UTC)", "run id", "command", "processes", "status"):
@@ -289,7 +296,7 @@ def report(
     if as_json:
         from starttrace.views.json import to_json
 
-        sys.stdout.write(json.dumps(to_json(model, include_spans=False), indent=2) + "\n")
+        sys.stdout.write(strict_json(to_json(model, include_spans=False), indent=2) + "\n")
         return
     from starttrace.views.terminal import render_report
 
@@ -311,7 +318,7 @@ def compare(
 
     result = compare_models(_model(_load(run_a, directory, clickhouse)), _model(_load(run_b, directory, clickhouse)))
     if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        sys.stdout.write(strict_json(result.to_json(), indent=2) + "\n")
         return
     render_compare(result, console, wide=wide)
 
@@ -339,7 +346,7 @@ def advise(
     modules = preload_modules(model.findings)
     if as_json:
         doc = {"run_id": model.run_id, "status": model.status, "findings": model.findings, "preload": modules}
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        sys.stdout.write(strict_json(doc, indent=2) + "\n")
         return
     from starttrace.views.terminal import render_advise
 
@@ -400,7 +407,7 @@ def export(
         return
 
     document = export_document(the_run, format.value, detail=detail.value, import_budget=budget)
-    text = json.dumps(document, separators=(",", ":"), default=str)
+    text = strict_json(document)
     if out is None:
         sys.stdout.write(text + "\n")
     else:
@@ -482,7 +489,7 @@ def fleet(
     except (ValueError, ClickHouseError) as exc:
         raise _fail(str(exc)) from None
     if as_json:
-        sys.stdout.write(json.dumps(answer, indent=2) + "\n")
+        sys.stdout.write(strict_json(answer, indent=2) + "\n")
         return
     from starttrace.views.terminal_fleet import render_fleet
 

@@ -28,7 +28,7 @@ from starttrace.analysis.model import RunModel
 from starttrace.run import Run
 from starttrace.sources.run_groups import RunGroups
 from starttrace.sources.store import Store
-from starttrace.views.json import to_json
+from starttrace.views.json import dumps, to_json
 from starttrace.views.startup_json import first_payload, lane_detail
 
 MAX_MODELS = 64
@@ -138,7 +138,7 @@ class ModelCache:
         entry = self._json.get(run_id)
         if entry is not None and entry[0] == model.version and entry[1] == id(model):
             return entry[2]
-        data = json.dumps(to_json(model), separators=(",", ":"), default=str).encode()
+        data = dumps(to_json(model)).encode()
         self._json[run_id] = (model.version, id(model), data)
         return data
 
@@ -172,7 +172,7 @@ class ModelCache:
             entry.model_id = id(model)  # the same data: the answer loaded from the store stands
             return entry
         doc = first_payload(model)
-        body = json.dumps(doc, separators=(",", ":"), default=str).encode()
+        body = dumps(doc).encode()
         for lane in doc["lanes"]:
             lane.pop("spans", None)
         entry = _First(model.version, id(model), model.live, body, doc)

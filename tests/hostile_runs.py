@@ -1,0 +1,28 @@
+"""Runs of hostile spans for the tests of issue 38 (service and browser tests alike)."""
+
+from __future__ import annotations
+
+import math
+
+from synth_runs import SProcess, SRun, SSpan
+
+T0 = 1_796_269_000_000_000_000  # 2026-12-03
+S = 10**9
+
+
+def nonfinite_run(run_id: str = "nan") -> SRun:
+    res = {"service.name": "svc", "service.instance.id": f"i-{run_id}", "process.pid": 42, "starttrace.run_id": run_id}
+    weights = {
+        "starttrace.phase": "weights",
+        "starttrace.weights.file": "model.safetensors",
+        "starttrace.weights.file_bytes": 10**9,
+        "starttrace.weights.page_cache_fraction": math.nan,
+    }
+    graph = {"starttrace.phase": "compile", "starttrace.compile.graphs": math.inf, "starttrace.compile.cache": "miss"}
+    spans = [
+        SSpan("%016x" % 1, None, "process", T0, T0 + 10 * S),
+        SSpan("%016x" % 2, "%016x" % 1, "weights.load", T0 + 1000, T0 + 4 * S, weights),
+        SSpan("%016x" % 3, "%016x" % 1, "compile.graph", T0 + 4 * S, T0 + 9 * S, graph),
+        SSpan("%016x" % 4, "%016x" % 1, "odd", T0 + 9 * S, T0 + 9 * S + 5, {"neg": -math.inf, "list": [1.5, math.nan]}),
+    ]
+    return SRun(run_id, "ab" * 16, [SProcess(res, spans)])
