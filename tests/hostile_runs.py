@@ -26,3 +26,32 @@ def nonfinite_run(run_id: str = "nan") -> SRun:
         SSpan("%016x" % 4, "%016x" % 1, "odd", T0 + 9 * S, T0 + 9 * S + 5, {"neg": -math.inf, "list": [1.5, math.nan]}),
     ]
     return SRun(run_id, "ab" * 16, [SProcess(res, spans)])
+
+
+def reused_ids_run(run_id: str = "reuse") -> SRun:
+    """An API server and two workers whose exporters reuse one set of span ids: the API server's
+    `ready` (id 3) is, in each worker, a span still in progress at the same id."""
+    processes = []
+    for k, role in enumerate(("api_server", "worker", "worker")):
+        res = {
+            "service.name": "svc",
+            "service.instance.id": f"{run_id}-{k}",
+            "process.pid": 100 + k,
+            "starttrace.run_id": run_id,
+            "starttrace.role": role,
+        }
+        if role == "worker":
+            res["starttrace.rank"] = k - 1
+        t = T0 + k * S // 10
+        spans = [
+            SSpan("%016x" % 1, None, "process", t, t + 5 * S, {"starttrace.phase": "process"}),
+            SSpan("%016x" % 2, "%016x" % 1, "import torch", t + 1000, t + 2 * S, {"starttrace.phase": "import"}),
+        ]
+        if role == "api_server":
+            spans.append(SSpan("%016x" % 3, "%016x" % 1, "ready", t + 4 * S, t + 4 * S, {"starttrace.phase": "ready"}))
+        else:
+            spans.append(
+                SSpan("%016x" % 3, "%016x" % 1, "model.load", t + 2 * S, t + 2 * S, {"starttrace.in_progress": True})
+            )
+        processes.append(SProcess(res, spans))
+    return SRun(run_id, "cd" * 16, processes)
