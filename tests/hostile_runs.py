@@ -55,3 +55,22 @@ def reused_ids_run(run_id: str = "reuse") -> SRun:
             )
         processes.append(SProcess(res, spans))
     return SRun(run_id, "cd" * 16, processes)
+
+
+def deep_run(run_id: str, depth: int) -> SRun:
+    """A `process` span and `depth` imports each inside the one before (1 µs apart)."""
+    res = {"service.name": "deep", "service.instance.id": f"i-{run_id}", "process.pid": 7, "starttrace.run_id": run_id}
+    end = T0 + 2 * depth * 1000 + 10**6
+    spans = [SSpan("%016x" % 1, None, "process", T0, end, {"starttrace.phase": "process"})]
+    for i in range(depth):
+        spans.append(
+            SSpan(
+                "%016x" % (i + 2),
+                "%016x" % (i + 1),
+                f"import m{i}",
+                T0 + (i + 1) * 1000,
+                end - (i + 1) * 1000,
+                {"starttrace.phase": "import", "starttrace.import.module": f"m{i}"},
+            )
+        )
+    return SRun(run_id, "%032x" % depth, [SProcess(res, spans)])
