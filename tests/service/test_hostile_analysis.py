@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 from hostile_runs import T0, S, nonfinite_run, reused_ids_run
+from st_service_helpers import wait_for
 from synth_runs import SProcess, SRun, SSpan, to_protobuf
 
 PB = {"Content-Type": "application/x-protobuf"}
@@ -120,3 +121,25 @@ def test_a_span_ending_before_it_starts_is_named(client: TestClient) -> None:
     rows = {row[2]: row for lane in doc["lanes"] for row in lane["spans"]}
     assert "absurd" not in rows  # left out: it stretches nothing
     assert rows["load"][7] & 2 and rows["load"][5] == rows["load"][4] == 5_000_000  # an instant at its start
+
+
+def test_a_1mib_phase_leaves_metrics_small_and_is_counted(client: TestClient) -> None:
+    """Item 6: one span with a 1 MiB `starttrace.phase` made /metrics 1-19 MB until a restart."""
+    huge = "p" * (1 << 20)
+    res = {"service.name": "svc-big", "service.instance.id": "big", "process.pid": 5, "starttrace.run_id": "big"}
+    spans = [
+        SSpan("%016x" % 1, None, "process", T0, T0 + 10 * S, {"starttrace.phase": "process"}),
+        SSpan("%016x" % 2, "%016x" % 1, "work", T0 + S, T0 + 3 * S, {"starttrace.phase": huge}),
+        SSpan("%016x" % 3, "%016x" % 1, "ready", T0 + 4 * S, T0 + 4 * S, {"starttrace.phase": "ready"}),
+    ]
+    _post(client, SRun("big", "aa" * 16, [SProcess(res, spans)]))
+    assert _doc(client, "big")["status"] == "ready"
+
+    def metrics() -> str | None:
+        text = client.get("/metrics").text
+        return text if 'starttrace_label_values_cut_total{label="phase"} 1.0' in text else None
+
+    text = wait_for(metrics, timeout=30, interval=0.3)
+    assert len(text) < 64 * 1024, len(text)
+    assert "p" * 119 + "…" in text and "p" * 121 not in text
+    assert len(client.get("/metrics").text) < 64 * 1024  # and stays small
