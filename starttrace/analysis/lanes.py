@@ -36,6 +36,17 @@ from starttrace.analysis.trees import cut_cycles, depths
 from starttrace.run import SPAN_SCHEMA, Process, Run, int_or_none, spans_table
 
 MAX_DEPTH = 10_000  # bounded: guards parent cycles
+# a span's name and phase are shown everywhere (lanes, panels, labels of /metrics): bounded
+NAME_MAX = 1_000
+PHASE_MAX = 120
+COMMAND_MAX = 4_096
+_IDENTITY_LIMITS = (
+    ("role", PHASE_MAX),
+    ("service", PHASE_MAX),
+    ("host", PHASE_MAX),
+    ("start_method", PHASE_MAX),
+    ("command", COMMAND_MAX),
+)
 
 
 def _str(value: Any) -> str | None:
@@ -53,7 +64,9 @@ def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = Non
     for lane_id in dict.fromkeys(frame["lane"].rle().struct.field("value").to_list()):  # lanes without a process
         if lane_id not in lanes_by_id:
             lanes_by_id[lane_id] = _lane_of(Process(lane_id, 0, 0, None, {}, ""), run.service)
+    frame, cut = _capped(frame)
     frame, bad_spans = _linked(_resolved(frame))
+    bad_spans = _cut_identity(list(lanes_by_id.values())) + cut + bad_spans
     ready_ns = frame.select(pl.col("start").filter(pl.col("name") == "ready").min()).item()
     dead = dead_lanes(run, lanes_by_id)  # liveness from evidence (analysis/liveness.py)
     status = _status(ready_ns, frame, list(lanes_by_id.values()))
@@ -299,6 +312,53 @@ def _linked(frame: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
         (pl.col("instant") | (pl.col("end") < pl.col("start")).fill_null(False)).alias("instant"),
     )
     return linked, notes + _bad_times(frame)
+
+
+def _capped(frame: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """Span names and modules over NAME_MAX and phases over PHASE_MAX characters cut (an ellipsis
+    ends them), and how many names and phases were, named."""
+    long_name = pl.col("name").str.len_chars() > NAME_MAX
+    long_phase = (pl.col("phase").str.len_chars() > PHASE_MAX).fill_null(False)
+    long_module = (pl.col("module").str.len_chars() > NAME_MAX).fill_null(False)
+    names, phases = frame.select(long_name.sum(), long_phase.sum()).row(0)
+    if not names and not phases:
+        return frame, []
+    notes = [
+        f"{n} span {what}{'s' if n > 1 else ''} over {limit} characters cut (the longest"
+        f" {frame.select(pl.col(col).str.len_chars().max()).item()} characters)"
+        for n, what, limit, col in ((names, "name", NAME_MAX, "name"), (phases, "phase", PHASE_MAX, "phase"))
+        if n
+    ]
+    frame = frame.with_columns(
+        pl.when(long_name)
+        .then(pl.col("name").str.slice(0, NAME_MAX - 1) + "…")
+        .otherwise(pl.col("name"))
+        .alias("name"),
+        pl.when(long_phase)
+        .then(pl.col("phase").str.slice(0, PHASE_MAX - 1) + "…")
+        .otherwise(pl.col("phase"))
+        .alias("phase"),
+        pl.when(long_module)
+        .then(pl.col("module").str.slice(0, NAME_MAX - 1) + "…")
+        .otherwise(pl.col("module"))
+        .alias("module"),
+    )
+    return frame, notes
+
+
+def _cut_identity(lanes: list[Lane]) -> list[str]:
+    """A process's role, service, host and start method cut to PHASE_MAX characters, its command
+    to COMMAND_MAX (they label lanes, panels and /metrics); how many were, named."""
+    n = 0
+    for lane in lanes:
+        for attr, limit in _IDENTITY_LIMITS:
+            value = getattr(lane, attr)
+            if isinstance(value, str) and len(value) > limit:
+                setattr(lane, attr, value[: limit - 1] + "…")
+                n += 1
+    if not n:
+        return []
+    return [f"{n} process identity value{'s' if n > 1 else ''} (role, service, host, command) too long: cut"]
 
 
 def _bad_times(frame: pl.DataFrame) -> list[str]:

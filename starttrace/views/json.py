@@ -18,6 +18,7 @@ from starttrace.run import MODULE_KEY, decode_attrs
 SPAN_FIELDS = ["id", "parent", "name", "phase", "start_us", "end_us", "depth", "flags", "attrs"]
 FLAG_IN_PROGRESS, FLAG_INSTANT, FLAG_ERROR = 1, 2, 4
 _HIDDEN_ATTRS = ("starttrace.phase", "starttrace.in_progress")
+SHOWN_MAX = 4_096  # characters of an attribute's text value in a span row (the rest: counted in the text)
 
 
 def dumps(obj: Any, indent: int | None = None) -> str:
@@ -44,11 +45,14 @@ def finite(obj: Any) -> Any:
 
 def attr_text(value: Any) -> Any:
     """An attribute value as shown: a non-finite float keeps its text ("NaN", "Infinity",
-    "-Infinity"), in lists too; every other value as it is."""
+    "-Infinity"), in lists too; a text over SHOWN_MAX characters is cut, saying how much was;
+    every other value as it is."""
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, (list, tuple)):
         return [attr_text(v) for v in value]
+    if isinstance(value, str) and len(value) > SHOWN_MAX:
+        return f"{value[:SHOWN_MAX]}… ({len(value) - SHOWN_MAX} characters cut)"
     return value
 
 

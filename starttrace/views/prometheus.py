@@ -18,9 +18,9 @@ counters
   starttrace_label_values_cut_total{label}                     label values cut to LABEL_MAX characters
 
 Label values come from span data (a phase, a role, a module name): each is cut to LABEL_MAX
-characters (the cut ones counted once per run, when the run is observed), and the histograms keep
-at most MAX_SERIES label sets (later ones go to the set with phase "other"), so a hostile span (a
-1 MiB `starttrace.phase`, a million phases) leaves /metrics small.
+characters (each value cut counted once), and a family keeps at most MAX_SERIES label sets (later
+phases go to the set with phase "other"), so a hostile span (a 1 MiB `starttrace.phase`, a million
+phases) leaves /metrics small.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ class Counters:
         self.ttr: dict[str, _Histogram] = {}
         self.phase: dict[tuple[str, str, str], _Histogram] = {}
         self._observed: dict[str, None] = {}
-        self.cut: dict[str, float] = {}  # label name -> values cut (counted once per run)
+        self.cut: dict[str, float] = {}  # label name -> distinct values cut
+        self._cut_seen: dict[tuple[str, int], None] = {}
 
     def add_ingested(self, source: str, n: int) -> None:
         with self._lock:
@@ -88,9 +89,18 @@ class Counters:
             self.requests[key] = self.requests.get(key, 0.0) + 1
 
     def _label(self, name: str, value: str) -> str:
-        if len(value) > LABEL_MAX:
+        """`label(value)`, a cut value counted once (the lock held)."""
+        if len(value) > LABEL_MAX and (name, hash(value)) not in self._cut_seen:
+            self._cut_seen[(name, hash(value))] = None
+            if len(self._cut_seen) > MAX_OBSERVED_IDS:
+                del self._cut_seen[next(iter(self._cut_seen))]
             self.cut[name] = self.cut.get(name, 0.0) + 1
         return label(value)
+
+    def label(self, name: str, value: str) -> str:
+        """A label value from span data, cut to LABEL_MAX characters; each value cut is counted once."""
+        with self._lock:
+            return self._label(name, value)
 
     def observe_run(self, facts: dict[str, Any]) -> None:
         """A run's fleet facts (`analysis.fleet.run_facts`) into the histograms, once per run."""
@@ -159,15 +169,16 @@ class StartTraceCollector:
             labels=["service", "module"],
         )
         for model in self.models():
-            service = label(model.service or "")
+            cut_label = self.counters.label
+            service = cut_label("service", model.service or "")
             run_s.add_metric([service], model.startup_s)
             phases: dict[tuple[str, ...], float] = {}
             ready: dict[tuple[str, ...], float] = {}
             for lane in model.lanes:
-                role = label(lane.role or "")
+                role = cut_label("role", lane.role or "")
                 rank = "" if lane.rank is None else str(lane.rank)
                 for ph, ns in lane.phases.items():
-                    key = (service, role, rank, label(ph))
+                    key = (service, role, rank, cut_label("phase", ph))
                     if key not in phases and len(phases) >= MAX_SERIES:
                         key = (service, role, rank, "other")  # processes of one role without a rank: the slowest
                     phases[key] = max(phases.get(key, 0.0), ns / 1e9)
@@ -179,8 +190,9 @@ class StartTraceCollector:
             for key, value in ready.items():
                 ttr.add_metric(list(key), value)
             for h in model.hotspots[:TOP_MODULES]:
-                imp.add_metric([service, label(h["module"])], h["cumulative_s"])
-                paid.add_metric([service, label(h["module"])], h["ranks_paid"])
+                module = cut_label("module", h["module"])
+                imp.add_metric([service, module], h["cumulative_s"])
+                paid.add_metric([service, module], h["ranks_paid"])
         ingested = CounterMetricFamily(
             "starttrace_ingested_spans", "Spans written to the store, by source.", labels=["source"]
         )
@@ -191,7 +203,7 @@ class StartTraceCollector:
         )
         cut = CounterMetricFamily(
             "starttrace_label_values_cut",
-            f"Label values from span data cut to {LABEL_MAX} characters, by label (once per run observed).",
+            f"Label values from span data cut to {LABEL_MAX} characters, by label (each value once).",
             labels=["label"],
         )
         with self.counters._lock:

@@ -127,19 +127,31 @@ def test_a_1mib_phase_leaves_metrics_small_and_is_counted(client: TestClient) ->
     """Item 6: one span with a 1 MiB `starttrace.phase` made /metrics 1-19 MB until a restart."""
     huge = "p" * (1 << 20)
     res = {"service.name": "svc-big", "service.instance.id": "big", "process.pid": 5, "starttrace.run_id": "big"}
+    res["starttrace.role"] = "r" * (1 << 20)
     spans = [
         SSpan("%016x" % 1, None, "process", T0, T0 + 10 * S, {"starttrace.phase": "process"}),
-        SSpan("%016x" % 2, "%016x" % 1, "work", T0 + S, T0 + 3 * S, {"starttrace.phase": huge}),
+        SSpan("%016x" % 2, "%016x" % 1, "work", T0 + S, T0 + 3 * S, {"starttrace.phase": huge, "note": huge}),
+        SSpan("%016x" % 4, "%016x" % 1, "n" * (1 << 20), T0 + 3 * S, T0 + 4 * S),
+        SSpan("%016x" % 5, "%016x" % 1, "import m", T0 + S, T0 + 2 * S, {"starttrace.import.module": "m" * (1 << 20)}),
         SSpan("%016x" % 3, "%016x" % 1, "ready", T0 + 4 * S, T0 + 4 * S, {"starttrace.phase": "ready"}),
     ]
     _post(client, SRun("big", "aa" * 16, [SProcess(res, spans)]))
     assert _doc(client, "big")["status"] == "ready"
+    for path in ("/startup/big", "/startup/big?spans=all", "/startup/big/lanes/0/spans"):
+        text = client.get(path, headers=JSON).text  # shown: names, phases and attributes bounded
+        assert len(text) < 64 * 1024, (path, len(text))
+    doc = _doc(client, "big")
+    assert any("1 span phase over 120 characters cut" in p for p in doc["problems"]), doc["problems"]
+    assert any("1 span name over 1000 characters cut" in p for p in doc["problems"]), doc["problems"]
+    assert any("1 process identity value (role" in p for p in doc["problems"]), doc["problems"]
+    (work,) = [row for row in doc["lanes"][0]["spans"] if row[2] == "work"]
+    assert work[3] == "p" * 119 + "…" and work[8]["note"].endswith(f"… ({(1 << 20) - 4096} characters cut)")
 
     def metrics() -> str | None:
         text = client.get("/metrics").text
-        return text if 'starttrace_label_values_cut_total{label="phase"} 1.0' in text else None
+        return text if 'starttrace_label_values_cut_total{label="module"} 1.0' in text else None
 
     text = wait_for(metrics, timeout=30, interval=0.3)
     assert len(text) < 64 * 1024, len(text)
-    assert "p" * 119 + "…" in text and "p" * 121 not in text
+    assert "p" * 119 + "…" in text and "p" * 121 not in text and "m" * 119 + "…" in text
     assert len(client.get("/metrics").text) < 64 * 1024  # and stays small
