@@ -248,9 +248,9 @@ def _parents(frame: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, list[str]]:
     once (trees.cut_cycles), and named."""
     notes: list[str] = []
     up = _rows_of(frame["span_id"], frame["parent_id"])
-    reused = frame.select(pl.struct("lane", "span_id").n_unique()).item() if frame.height else 0
     distinct = frame["span_id"].n_unique()
-    if reused > distinct:  # an id in more than one process
+    # an id in more than one process (the pairs counted only when some id repeats: rare)
+    if distinct < frame.height and frame.select(pl.struct("lane", "span_id").n_unique()).item() > distinct:
         keyed = frame.select(pl.struct("lane", "span_id").alias("own"), pl.struct("lane", "parent_id").alias("want"))
         own = _rows_of(keyed["own"], keyed["want"])
         up = np.where(own >= 0, own, up)
