@@ -90,6 +90,13 @@ def _root(directory: Path | None) -> Path:
     return directory if directory is not None else default_root()
 
 
+def strict_json(obj: Any, indent: int | None = None) -> str:
+    """Strict JSON (NaN and infinities as null), as every JSON output of the CLI writes it."""
+    from starttrace.views.json import dumps
+
+    return dumps(obj, indent=indent)
+
+
 def _load(run: str | None, directory: Path | None, clickhouse: str | None = None) -> Run:
     from starttrace.analysis.clocks import correct_clocks
 
@@ -256,7 +263,7 @@ def runs(
     """List recorded runs: time, id, command, processes, status."""
     rows = [_run_row(path) for path in list_run_dirs(_root(directory))[:limit]]
     if as_json:
-        console.print_json(json.dumps(rows))
+        console.print_json(strict_json(rows))
         return
     table = Table(title=f"runs in {_root(directory)}")
     for column in ("time (UTC)", "run id", "command", "processes", "status"):
@@ -317,7 +324,7 @@ def report(
     if as_json:
         from starttrace.views.json import to_json
 
-        sys.stdout.write(json.dumps(to_json(model, include_spans=False), indent=2) + "\n")
+        sys.stdout.write(strict_json(to_json(model, include_spans=False), indent=2) + "\n")
         return
     from starttrace.views.terminal import render_report
 
@@ -364,7 +371,7 @@ def compare(
             raise typer.Exit(verdict.code)
     result = compare_models(model_a, model_b)
     if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        sys.stdout.write(strict_json(result.to_json(), indent=2) + "\n")
     else:
         render_compare(result, console, wide=wide)
     if verdict is not None:
@@ -396,7 +403,7 @@ def advise(
     modules = preload_modules(model.findings)
     if as_json:
         doc = {"run_id": model.run_id, "status": model.status, "findings": model.findings, "preload": modules}
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        sys.stdout.write(strict_json(doc, indent=2) + "\n")
         return
     from starttrace.views.terminal import render_advise
 
@@ -457,7 +464,7 @@ def export(
         return
 
     document = export_document(the_run, format.value, detail=detail.value, import_budget=budget)
-    text = json.dumps(document, separators=(",", ":"), default=str)
+    text = strict_json(document)
     if out is None:
         sys.stdout.write(text + "\n")
     else:
@@ -543,7 +550,7 @@ def fleet(
     except sqlite3.DatabaseError as exc:  # --db names a file that is not SQLite
         raise _fail(f"{db or 'the store'}: not a starttrace store (SQLite): {exc}") from None
     if as_json:
-        sys.stdout.write(json.dumps(answer, indent=2) + "\n")
+        sys.stdout.write(strict_json(answer, indent=2) + "\n")
         return
     from starttrace.views.terminal_fleet import render_fleet
 

@@ -33,9 +33,21 @@ from starttrace.analysis.model import (
 )
 from starttrace.analysis.nodes import node_key, node_names, node_order
 from starttrace.analysis.phases import merged_by, union_by
+from starttrace.analysis.trees import cut_cycles, depths
 from starttrace.run import SPAN_SCHEMA, Process, Run, int_or_none, spans_table
 
 MAX_DEPTH = 10_000  # bounded: guards parent cycles
+# a span's name and phase are shown everywhere (lanes, panels, labels of /metrics): bounded
+NAME_MAX = 1_000
+PHASE_MAX = 120
+COMMAND_MAX = 4_096
+_IDENTITY_LIMITS = (
+    ("role", PHASE_MAX),
+    ("service", PHASE_MAX),
+    ("host", PHASE_MAX),
+    ("start_method", PHASE_MAX),
+    ("command", COMMAND_MAX),
+)
 
 
 def _str(value: Any) -> str | None:
@@ -60,7 +72,9 @@ def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = Non
     for lane_id in dict.fromkeys(frame["lane"].rle().struct.field("value").to_list()):  # lanes without a process
         if lane_id not in lanes_by_id:
             lanes_by_id[lane_id] = _lane_of(Process(lane_id, 0, 0, None, {}, ""), run.service)
-    frame = _linked(_resolved(frame))
+    frame, cut = _capped(frame)
+    frame, bad_spans = _linked(_resolved(frame))
+    bad_spans = _cut_identity(list(lanes_by_id.values())) + cut + bad_spans
     ready_ns = frame.select(pl.col("start").filter(pl.col("name") == "ready").min()).item()
     first_token_ns = frame.select(pl.col("start").filter(pl.col("name") == "first_token").min()).item()
     if until == "first_token" and first_token_ns is None:
@@ -83,7 +97,7 @@ def build_model(run: Run, now_ns: int | None = None, stall_s: float | None = Non
         trace_id=run.trace_id or None,
         service=run.service or next((ln.service for ln in ordered if ln.service), None),
         meta=run.meta,
-        problems=list(run.problems),
+        problems=list(run.problems) + bad_spans,
         t0=t0,
         t_end=t_eff if frame.height else t0,
         now_ns=now,
@@ -239,15 +253,43 @@ def _t0(frame: pl.DataFrame, t_first: int | None) -> int:
     return min(roots + ([t_first] if t_first is not None else [0]))
 
 
-def _parents(frame: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def _parents(frame: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Per row (in the frame's order): the row of its parent anywhere (-1: none), and of its parent
-    in its own lane (-1: none). A span id twice in a run: its first row is the parent."""
+    in its own lane (-1: none); and what was wrong. A span is a process's span id: where processes
+    reuse span ids, a parent is looked for in the span's own process first, then the id's first row
+    anywhere (a child process's `process` span under its launcher). Parent cycles are cut, each
+    once (trees.cut_cycles), and named."""
+    notes: list[str] = []
     up = _rows_of(frame["span_id"], frame["parent_id"])
+    distinct = frame["span_id"].n_unique()
+    # an id in more than one process (the pairs counted only when some id repeats: rare)
+    if distinct < frame.height and frame.select(pl.struct("lane", "span_id").n_unique()).item() > distinct:
+        keyed = frame.select(pl.struct("lane", "span_id").alias("own"), pl.struct("lane", "parent_id").alias("want"))
+        own = _rows_of(keyed["own"], keyed["want"])
+        up = np.where(own >= 0, own, up)
+        ids = (
+            frame.group_by("span_id")
+            .agg(pl.col("lane").n_unique().alias("n"), pl.col("name").first())
+            .filter(pl.col("n") > 1)
+        )
+        sid, name = ids.row(0)[0], ids.row(0)[2]
+        notes.append(
+            f"{ids.height} span id{'s' if ids.height > 1 else ''} reused by several processes"
+            f" (e.g. {sid[:32]!r}, {name[:80]!r}): kept apart, each a span of its own process;"
+            " a parent is looked for in the span's own process first"
+        )
     rows = np.arange(len(up), dtype=np.int64)
     up[up == rows] = -1  # its own parent
+    up, cut = cut_cycles(up)
+    if len(cut):
+        first = frame.row(int(cut[0]), named=True)
+        notes.append(
+            f"{len(cut)} parent cycle{'s' if len(cut) > 1 else ''} cut (e.g. at {first['name'][:80]!r},"
+            f" span {str(first['span_id'])[:32]!r}, now without a parent)"
+        )
     lanes = frame["lane"].hash().to_numpy()
     same = np.where((up >= 0) & (lanes[np.maximum(up, 0)] == lanes), up, -1)
-    return up, same
+    return up, same, notes
 
 
 def _rows_of(ids: pl.Series, wanted: pl.Series) -> np.ndarray:
@@ -272,25 +314,77 @@ def _rows_of(ids: pl.Series, wanted: pl.Series) -> np.ndarray:
     return found
 
 
-def _linked(frame: pl.DataFrame) -> pl.DataFrame:
-    """`_up` and `_same` (rows of the parent anywhere, in the same lane; -1: none) and `depth`."""
-    up, same = _parents(frame)
-    return frame.with_columns(
-        pl.Series("_up", up), pl.Series("_same", same), pl.Series("depth", _depths(same), dtype=pl.Int32)
+def _linked(frame: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """`_up` and `_same` (rows of the parent anywhere, in the same lane; -1: none) and `depth`;
+    and the problems of the spans' links and times (`_parents`, `_bad_times`)."""
+    up, same, notes = _parents(frame)
+    linked = frame.with_columns(
+        pl.Series("_up", up),
+        pl.Series("_same", same),
+        pl.Series("depth", depths(same), dtype=pl.Int32),
+        (pl.col("instant") | (pl.col("end") < pl.col("start")).fill_null(False)).alias("instant"),
     )
+    return linked, notes + _bad_times(frame)
 
 
-def _depths(same: np.ndarray) -> np.ndarray:
-    depth = np.zeros(len(same), dtype=np.int32)
-    rows = np.flatnonzero(same >= 0)
-    cur = same[rows]
-    for _ in range(MAX_DEPTH):  # each step: the rows with an ancestor that far up
-        if not len(rows):
-            break
-        depth[rows] += 1
-        cur = same[cur]
-        rows, cur = rows[cur >= 0], cur[cur >= 0]
-    return depth
+def _capped(frame: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
+    """Span names and modules over NAME_MAX and phases over PHASE_MAX characters cut (an ellipsis
+    ends them), and how many names and phases were, named."""
+    long_name = pl.col("name").str.len_chars() > NAME_MAX
+    long_phase = (pl.col("phase").str.len_chars() > PHASE_MAX).fill_null(False)
+    long_module = (pl.col("module").str.len_chars() > NAME_MAX).fill_null(False)
+    names, phases = frame.select(long_name.sum(), long_phase.sum()).row(0)
+    if not names and not phases:
+        return frame, []
+    notes = [
+        f"{n} span {what}{'s' if n > 1 else ''} over {limit} characters cut (the longest"
+        f" {frame.select(pl.col(col).str.len_chars().max()).item()} characters)"
+        for n, what, limit, col in ((names, "name", NAME_MAX, "name"), (phases, "phase", PHASE_MAX, "phase"))
+        if n
+    ]
+    frame = frame.with_columns(
+        pl.when(long_name)
+        .then(pl.col("name").str.slice(0, NAME_MAX - 1) + "…")
+        .otherwise(pl.col("name"))
+        .alias("name"),
+        pl.when(long_phase)
+        .then(pl.col("phase").str.slice(0, PHASE_MAX - 1) + "…")
+        .otherwise(pl.col("phase"))
+        .alias("phase"),
+        pl.when(long_module)
+        .then(pl.col("module").str.slice(0, NAME_MAX - 1) + "…")
+        .otherwise(pl.col("module"))
+        .alias("module"),
+    )
+    return frame, notes
+
+
+def _cut_identity(lanes: list[Lane]) -> list[str]:
+    """A process's role, service, host and start method cut to PHASE_MAX characters, its command
+    to COMMAND_MAX (they label lanes, panels and /metrics); how many were, named."""
+    n = 0
+    for lane in lanes:
+        for attr, limit in _IDENTITY_LIMITS:
+            value = getattr(lane, attr)
+            if isinstance(value, str) and len(value) > limit:
+                setattr(lane, attr, value[: limit - 1] + "…")
+                n += 1
+    if not n:
+        return []
+    return [f"{n} process identity value{'s' if n > 1 else ''} (role, service, host, command) too long: cut"]
+
+
+def _bad_times(frame: pl.DataFrame) -> list[str]:
+    """Spans that end before they start: drawn as instants at their start, and named."""
+    back = frame.filter(pl.col("end").is_not_null() & (pl.col("end") < pl.col("start")))
+    if not back.height:
+        return []
+    name, start, end = back.row(0, named=True)["name"], back["start"][0], back["end"][0]
+    several = back.height > 1
+    return [
+        f"{back.height} span{'s' if several else ''} ending before {'they start' if several else 'it starts'}"
+        f" (e.g. {name[:80]!r}, ending {(start - end) / 1e9:.6g} s before its start): drawn as instants at their start"
+    ]
 
 
 def _order_lanes(

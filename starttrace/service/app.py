@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote_to_bytes
 
 from fastapi import FastAPI, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from starttrace.analysis.compare import compare
@@ -43,11 +43,13 @@ from starttrace.service.otlp_receiver import (
     IngestBudget,
     handle_traces,
 )
+from starttrace.service.responses import StrictJSONResponse as JSONResponse
 from starttrace.sources.clickhouse.client import ClickHouseError
 from starttrace.sources.facts_store import FactsStore
 from starttrace.sources.journal_watcher import JournalWatcher
 from starttrace.sources.store import Store
 from starttrace.views import html
+from starttrace.views import json as json_view
 from starttrace.views import prometheus as metrics
 from starttrace.views.export import export_document
 from starttrace.views.html import PHASE_COLORS
@@ -561,7 +563,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return not_found(run_id)
         if detail is False:
             return JSONResponse({"error": "lane not found", "run_id": run_id, "lane": lane}, status_code=404)
-        return Response(json.dumps(detail, separators=(",", ":"), default=str), media_type="application/json")
+        return Response(json_view.dumps(detail), media_type="application/json")
 
     @app.get("/runs/{run_id}/export")
     def export(
@@ -588,7 +590,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 exports.move_to_end(key)
         if body is None:
             data = export_document(run, format, now_ns=now_ns, detail=detail, import_budget=summary_imports)
-            body = json.dumps(data, separators=(",", ":"), default=str).encode()
+            body = json_view.dumps(data).encode()
             del data
             with export_lock:
                 exports[key] = body

@@ -37,7 +37,7 @@ from starttrace.analysis.model import RunModel
 from starttrace.run import Run
 from starttrace.sources.run_groups import RunGroups
 from starttrace.sources.store import Store, write_error_text
-from starttrace.views.json import to_json
+from starttrace.views.json import dumps, to_json
 from starttrace.views.startup_json import first_payload, lane_detail
 
 MAX_MODELS = 64
@@ -182,7 +182,7 @@ class ModelCache:
         entry = self._json.get(run_id)
         if entry is not None and entry[0] == model.version and entry[1] == id(model):
             return entry[2]
-        data = json.dumps(to_json(model), separators=(",", ":"), default=str).encode()
+        data = dumps(to_json(model)).encode()
         self._json[run_id] = (model.version, id(model), data)
         return data
 
@@ -228,7 +228,7 @@ class ModelCache:
 
     def _render_new_first(self, run_id: str, model: RunModel) -> _First:
         doc = first_payload(model)
-        body = json.dumps(doc, separators=(",", ":"), default=str).encode()
+        body = dumps(doc).encode()
         for lane in doc["lanes"]:
             lane.pop("spans", None)
         entry = _First(model.version, id(model), model.live, body, doc)

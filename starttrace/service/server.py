@@ -10,6 +10,9 @@ from typing import Any
 from starttrace.service.app import Settings, create_app, is_loopback, parse_retention
 
 REQUEST_TIMEOUT_S = 10.0  # a connection's request head (and an OTLP body) must arrive within this
+# SIGTERM: requests in flight get this long to finish, then are cancelled (an export of a large run
+# can take seconds of CPU in a worker thread: uvicorn would otherwise wait for all of them)
+STOP_GRACE_S = 2.0
 
 
 def guarded_protocol(timeout_s: float) -> Any:
@@ -106,6 +109,7 @@ def serve(
         access_log=False,
         lifespan="on",
         timeout_keep_alive=5,
+        timeout_graceful_shutdown=STOP_GRACE_S,
         **({"http": protocol} if protocol is not None else {}),
     )
 

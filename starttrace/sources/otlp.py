@@ -309,8 +309,7 @@ def decode(msg: ExportTraceServiceRequest | bytes) -> Decoded:
                     if len(errors) < 5:
                         errors.append(f"span {sp.name[:80]!r}: timestamp out of range")
                     continue
-                if end < start:
-                    end = start
+                # an end before the start is kept as sent: the model names the span (analysis.lanes)
                 # a byte search first: the attribute list is read only when a key it looks for may be there
                 if ours_b in raw:
                     in_progress, phase, module, self_us, launched = own_attrs(sp.attributes, maybe_open)

@@ -12,9 +12,10 @@ its batches' streams read as one, the lane a column from the batch rows (`load_r
 batches the writer committed it also keeps as tables (`_FreshBatches`), so a run read right after
 its ingest reads no blob back.
 
-A span is unique by (trace_id, span_id): the same span arriving twice (twice the same OTLP batch,
-or through the journal and through an exporter) is one span of the run. A span still in progress
-is replaced when it arrives again; an ended span is replaced only by an ended copy that differs
+A span is unique by (trace_id, lane, span_id): the same span arriving twice (twice the same OTLP
+batch, or through the journal and through an exporter: both name the process by its instance id)
+is one span of the run; two processes that reuse a span id keep two spans (the model names them).
+A span still in progress is replaced when it arrives again; an ended span is replaced only by an ended copy that differs
 (end or attributes), and never by an in-progress copy of itself. The writer knows each trace's
 stored span ids in memory (`_SpanKeys`, read back from the trace's batches when a trace is first
 touched after a start), counts only new spans (`span_batches.spans`: a run's span count is their
@@ -274,7 +275,7 @@ READER_CACHE_KIB = 8192  # each reader connection's SQLite page cache (the write
 
 
 class _SpanKeys:
-    """The writer's map of stored spans: per run and trace (traces.id), span id -> 1 while the
+    """The writer's map of stored spans: per run and trace (traces.id), (lane, span id) -> 1 while the
     span's stored copy is in progress, 0 once it has ended. Per run: a span sent under two run ids
     (two runs sharing a trace) is a span of each, counted once in each, as each run's model holds
     it. A (run, trace) not in memory is read back from its batches on first use; the least
@@ -290,22 +291,22 @@ class _SpanKeys:
         self._by_trace.clear()
         self._count = 0
 
-    def of(self, conn: sqlite3.Connection, run_id: str, trace: int) -> dict[str, int]:
+    def of(self, conn: sqlite3.Connection, run_id: str, trace: int) -> dict[tuple[int, str], int]:
         keys = self._by_trace.pop((run_id, trace), None)
         if keys is None:
             keys = {}
             rows = conn.execute(
-                "SELECT body FROM span_batches WHERE trace = ? AND lane IN (SELECT id FROM lanes WHERE run_id = ?)"
-                " ORDER BY seq",
+                "SELECT lane, body FROM span_batches"
+                " WHERE trace = ? AND lane IN (SELECT id FROM lanes WHERE run_id = ?) ORDER BY seq",
                 (trace, run_id),
             )
-            for (body,) in rows:
+            for lane, body in rows:
                 try:
                     frame = unpack_spans(body)
                 except ValueError:
                     continue  # the reader reports it
                 for sid, is_open in zip(frame["span_id"].to_list(), frame["in_progress"].to_list(), strict=True):
-                    keys[sid] = int(is_open) if keys.get(sid, 1) else 0
+                    keys[(lane, sid)] = int(is_open) if keys.get((lane, sid), 1) else 0
             self._count += len(keys)
         self._by_trace[(run_id, trace)] = keys  # now the most recently written
         return keys
@@ -876,22 +877,23 @@ class Store:
         if trace is None:
             trace = self._trace_ref(conn, g.trace_id)
         keys = self._span_keys.of(conn, run_id, trace)
-        ids = dict.fromkeys(g.span_ids, 0)
+        ids = dict.fromkeys(((lane_ref, sid) for sid in g.span_ids), 0)
         if len(ids) == len(g.span_ids) and keys.keys().isdisjoint(ids):
             if g.open_ids:
-                ids.update(dict.fromkeys(g.open_ids, 1))
+                ids.update(dict.fromkeys(((lane_ref, sid) for sid in g.open_ids), 1))
             keys.update(ids)
             added, body, rows = len(ids), g.body, len(g.span_ids)
         else:
             frame = unpack_spans(g.body)
             keep, added = [], 0
             for sid, is_open in zip(frame["span_id"].to_list(), frame["in_progress"].to_list(), strict=True):
-                old = keys.get(sid)
+                key = (lane_ref, sid)
+                old = keys.get(key)
                 if old is None:
-                    keys[sid] = int(is_open)
+                    keys[key] = int(is_open)
                     added += 1
                 elif old:
-                    keys[sid] = int(is_open)
+                    keys[key] = int(is_open)
                 elif is_open:
                     keep.append(False)  # an in-progress copy of an ended span
                     continue
@@ -1145,14 +1147,14 @@ _FIRST_COPY = ["lane", "start", "instant", "thread"]  # kept from a span's first
 
 
 def merge_copies(spans: pl.DataFrame) -> pl.DataFrame:
-    """Spans (with `_trace`, in arrival order) each once: a span (trace, span id) that came more
+    """Spans (with `_trace`, in arrival order) each once: a span (trace, lane, span id) that came more
     than once is one row, at its first copy's place, with the first copy's lane, start, `instant`
     and thread, and the rest of the copy that won. Copies are taken in arrival order: a later copy
     wins if the span so far is in progress, or if both have ended and they differ in end or
     attributes. So once a copy has ended, only ended copies win, and the values the span ends with
     are the last ended copy's; the copy that won is the last ended one that differs from the ended
     copy before it (or is the first ended), else (none ended) the last copy."""
-    key = ["_trace", "span_id"]
+    key = ["_trace", "lane", "span_id"]  # a span id another process reused is another span
     spans = spans.with_row_index("_pos")
     dup_mask = spans.select(pl.struct(key).is_duplicated()).to_series()
     if not dup_mask.any():

@@ -5,11 +5,13 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
 from starttrace.analysis.detail import DEFAULT_DETAIL, DEFAULT_IMPORT_BUDGET, apply_detail
 from starttrace.run import Run, Span, span_of
+from starttrace.views.json import attr_text
 from starttrace.views.perfetto import lane_rows, sort_key
 
 _TAG_TYPES = ((bool, "bool"), (int, "int64"), (float, "float64"), (str, "string"))  # bool before int: a subclass
@@ -17,6 +19,8 @@ _TAG_TYPES = ((bool, "bool"), (int, "int64"), (float, "float64"), (str, "string"
 
 def _tag(key: str, value: Any) -> dict[str, Any]:
     kind = next((name for cls, name in _TAG_TYPES if isinstance(value, cls)), None)
+    if kind == "float64" and not math.isfinite(value):
+        return {"key": key, "type": "string", "value": attr_text(value)}  # NaN, infinity: their text
     if kind is None:
         return {"key": key, "type": "string", "value": json.dumps(value, default=str)}
     return {"key": key, "type": kind, "value": value}

@@ -5,6 +5,7 @@ Times are seconds (or microseconds for span rows) relative to the run start `t0`
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import polars as pl
@@ -20,6 +21,42 @@ from starttrace.run import MODULE_KEY, decode_attrs
 SPAN_FIELDS = ["id", "parent", "name", "phase", "start_us", "end_us", "depth", "flags", "attrs"]
 FLAG_IN_PROGRESS, FLAG_INSTANT, FLAG_ERROR = 1, 2, 4
 _HIDDEN_ATTRS = ("starttrace.phase", "starttrace.in_progress")
+SHOWN_MAX = 4_096  # characters of an attribute's text value in a span row (the rest: counted in the text)
+
+
+def dumps(obj: Any, indent: int | None = None) -> str:
+    """Strict JSON text of `obj` (RFC 8259: no bare NaN or Infinity, which browsers refuse):
+    non-finite numbers become null. Compact unless `indent`; what JSON has no type for, as text.
+    The common case, no such number, costs one encoding."""
+    separators = None if indent else (",", ":")
+    try:
+        return json.dumps(obj, allow_nan=False, default=str, indent=indent, separators=separators)
+    except ValueError:  # a NaN or infinity somewhere (the deep copy is made only then)
+        return json.dumps(finite(obj), allow_nan=False, default=str, indent=indent, separators=separators)
+
+
+def finite(obj: Any) -> Any:
+    """`obj` with every non-finite float (in dicts, lists and tuples, at any depth) as None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
+def attr_text(value: Any) -> Any:
+    """An attribute value as shown: a non-finite float keeps its text ("NaN", "Infinity",
+    "-Infinity"), in lists too; a text over SHOWN_MAX characters is cut, saying how much was;
+    every other value as it is."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, (list, tuple)):
+        return [attr_text(v) for v in value]
+    if isinstance(value, str) and len(value) > SHOWN_MAX:
+        return f"{value[:SHOWN_MAX]}… ({len(value) - SHOWN_MAX} characters cut)"
+    return value
 
 
 def to_json(model: RunModel, include_spans: bool = True) -> dict[str, Any]:
@@ -245,7 +282,7 @@ def _extra(attrs: dict[str, Any] | None, phase: str, name: str, error: str | Non
     (its phase, the module an import's name gives), its error."""
     if not attrs and not error:
         return None
-    extra = attrs or {}
+    extra = {k: attr_text(v) for k, v in attrs.items()} if attrs else {}
     for key in _HIDDEN_ATTRS:
         extra.pop(key, None)
     if phase == "import" and extra.get(MODULE_KEY) == name[7:]:

@@ -5,11 +5,13 @@ outlives its parent is clipped to it, the clip recorded in its args.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
 from starttrace.analysis.detail import DEFAULT_DETAIL, DEFAULT_IMPORT_BUDGET, apply_detail
 from starttrace.run import Process, Run, Span, span_of
+from starttrace.views.json import attr_text
 
 ROLE_ORDER = {"main": 0, "api_server": 1, "forkserver": 2, "engine_core": 3, "worker": 4, "helper": 5}
 RUN_TRACK_PID = 0
@@ -117,6 +119,8 @@ def _end(span: Span, now_ns: int) -> int:
 
 
 def _arg(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return attr_text(value)  # NaN or an infinity: its text (strict JSON has no such number)
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if isinstance(value, (list, tuple)):

@@ -15,6 +15,12 @@ gauges (the newest run of each service; rank label "" when unknown)
 counters
   starttrace_ingested_spans_total{source}                      source = otlp | journal
   starttrace_otlp_requests_total{encoding,code}
+  starttrace_label_values_cut_total{label}                     label values cut to LABEL_MAX characters
+
+Label values come from span data (a phase, a role, a module name): each is cut to LABEL_MAX
+characters (each value cut counted once), and a family keeps at most MAX_SERIES label sets (later
+phases go to the set with phase "other"), so a hostile span (a 1 MiB `starttrace.phase`, a million
+phases) leaves /metrics small.
 """
 
 from __future__ import annotations
@@ -35,6 +41,13 @@ TOP_MODULES = 50
 # seconds: a startup takes from under a second (a small tree) to many minutes (a large model)
 BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
 MAX_OBSERVED_IDS = 100_000  # run ids remembered so that a run is observed once
+LABEL_MAX = 120  # characters of a label value (phase, role, module, service names are far shorter)
+MAX_SERIES = 2_000  # label sets per histogram family
+
+
+def label(value: str) -> str:
+    """A label value cut to LABEL_MAX characters (the cut marked with an ellipsis)."""
+    return value if len(value) <= LABEL_MAX else value[: LABEL_MAX - 1] + "…"
 
 
 class _Histogram:
@@ -63,6 +76,8 @@ class Counters:
         self.ttr: dict[str, _Histogram] = {}
         self.phase: dict[tuple[str, str, str], _Histogram] = {}
         self._observed: dict[str, None] = {}
+        self.cut: dict[str, float] = {}  # label name -> distinct values cut
+        self._cut_seen: dict[tuple[str, int], None] = {}
 
     def add_ingested(self, source: str, n: int) -> None:
         with self._lock:
@@ -73,20 +88,37 @@ class Counters:
         with self._lock:
             self.requests[key] = self.requests.get(key, 0.0) + 1
 
+    def _label(self, name: str, value: str) -> str:
+        """`label(value)`, a cut value counted once (the lock held)."""
+        if len(value) > LABEL_MAX and (name, hash(value)) not in self._cut_seen:
+            self._cut_seen[(name, hash(value))] = None
+            if len(self._cut_seen) > MAX_OBSERVED_IDS:
+                del self._cut_seen[next(iter(self._cut_seen))]
+            self.cut[name] = self.cut.get(name, 0.0) + 1
+        return label(value)
+
+    def label(self, name: str, value: str) -> str:
+        """A label value from span data, cut to LABEL_MAX characters; each value cut is counted once."""
+        with self._lock:
+            return self._label(name, value)
+
     def observe_run(self, facts: dict[str, Any]) -> None:
         """A run's fleet facts (`analysis.fleet.run_facts`) into the histograms, once per run."""
-        service = str(facts.get("service") or "")
         with self._lock:
             if facts["run_id"] in self._observed:
                 return
             self._observed[facts["run_id"]] = None
             if len(self._observed) > MAX_OBSERVED_IDS:
                 del self._observed[next(iter(self._observed))]
-            if facts.get("time_to_ready_s") is not None:
+            service = self._label("service", str(facts.get("service") or ""))
+            if facts.get("time_to_ready_s") is not None and (service in self.ttr or len(self.ttr) < MAX_SERIES):
                 self.ttr.setdefault(service, _Histogram()).observe(float(facts["time_to_ready_s"]))
             for key, secs in (facts.get("role_phases") or {}).items():
                 role, _, phase = key.partition("/")
-                self.phase.setdefault((service, role, phase), _Histogram()).observe(float(secs))
+                series = (service, self._label("role", role), self._label("phase", phase))
+                if series not in self.phase and len(self.phase) >= MAX_SERIES:
+                    series = (service, series[1], "other")
+                self.phase.setdefault(series, _Histogram()).observe(float(secs))
 
 
 class StartTraceCollector:
@@ -137,15 +169,18 @@ class StartTraceCollector:
             labels=["service", "module"],
         )
         for model in self.models():
-            service = model.service or ""
+            cut_label = self.counters.label
+            service = cut_label("service", model.service or "")
             run_s.add_metric([service], model.startup_s)
             phases: dict[tuple[str, ...], float] = {}
             ready: dict[tuple[str, ...], float] = {}
             for lane in model.lanes:
-                role = lane.role or ""
+                role = cut_label("role", lane.role or "")
                 rank = "" if lane.rank is None else str(lane.rank)
                 for ph, ns in lane.phases.items():
-                    key = (service, role, rank, ph)  # processes of one role without a rank: the slowest
+                    key = (service, role, rank, cut_label("phase", ph))
+                    if key not in phases and len(phases) >= MAX_SERIES:
+                        key = (service, role, rank, "other")  # processes of one role without a rank: the slowest
                     phases[key] = max(phases.get(key, 0.0), ns / 1e9)
                 if lane.ready_ns is not None:
                     key = (service, role, rank)
@@ -155,8 +190,9 @@ class StartTraceCollector:
             for key, value in ready.items():
                 ttr.add_metric(list(key), value)
             for h in model.hotspots[:TOP_MODULES]:
-                imp.add_metric([service, h["module"]], h["cumulative_s"])
-                paid.add_metric([service, h["module"]], h["ranks_paid"])
+                module = cut_label("module", h["module"])
+                imp.add_metric([service, module], h["cumulative_s"])
+                paid.add_metric([service, module], h["ranks_paid"])
         ingested = CounterMetricFamily(
             "starttrace_ingested_spans", "Spans written to the store, by source.", labels=["source"]
         )
@@ -165,12 +201,19 @@ class StartTraceCollector:
             "OTLP/HTTP export requests, by body encoding and status code.",
             labels=["encoding", "code"],
         )
+        cut = CounterMetricFamily(
+            "starttrace_label_values_cut",
+            f"Label values from span data cut to {LABEL_MAX} characters, by label (each value once).",
+            labels=["label"],
+        )
         with self.counters._lock:
             for source, v in sorted(self.counters.ingested.items()):
                 ingested.add_metric([source], v)
             for (enc, code), v in sorted(self.counters.requests.items()):
                 requests.add_metric([enc, code], v)
-        yield from (ttr_h, phase_h, phase, ttr, run_s, imp, paid, ingested, requests)
+            for name, v in sorted(self.counters.cut.items()):
+                cut.add_metric([name], v)
+        yield from (ttr_h, phase_h, phase, ttr, run_s, imp, paid, ingested, requests, cut)
 
 
 def newest_per_service(run_ids: list[str], model_of: Callable[[str], RunModel | None]) -> list[RunModel]:

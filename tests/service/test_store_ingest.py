@@ -112,16 +112,16 @@ def _merge_copy(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | No
 
 
 def _reference(batches: list[tuple[str, int, pl.DataFrame]]) -> pl.DataFrame:
-    """Batches (lane, trace, spans) in arrival order, folded copy by copy: each span once, at its
-    first place, merged."""
+    """Batches (lane, trace, spans) in arrival order, folded copy by copy: each span (a process's
+    span id) once, at its first place, merged."""
     out: list[dict[str, Any]] = []
-    seen: dict[tuple[int, str], int] = {}
+    seen: dict[tuple[int, str, str], int] = {}
     for lane, trace, frame in batches:
         for row in frame.iter_rows(named=True):
             row = {**row, "lane": lane}
-            at = seen.get((trace, row["span_id"]))
+            at = seen.get((trace, lane, row["span_id"]))
             if at is None:
-                seen[trace, row["span_id"]] = len(out)
+                seen[trace, lane, row["span_id"]] = len(out)
                 out.append(row)
             else:
                 merged = _merge_copy(out[at], row)
@@ -133,8 +133,9 @@ def _reference(batches: list[tuple[str, int, pl.DataFrame]]) -> pl.DataFrame:
 @pytest.mark.parametrize("fresh_spans", [store_module.FRESH_SPANS, 150, 0], ids=["fresh", "some-fresh", "stored"])
 @pytest.mark.parametrize("seed", range(8))
 def test_spans_read_as_folded_copy_by_copy(tmp_path: Path, seed: int, fresh_spans: int) -> None:
-    """Batches of three lanes and two traces, some repeating spans of other lanes' batches (in
-    progress, then ended, or ended twice with other attributes or the same), in random order and
+    """Batches of three lanes and two traces, some repeating spans of earlier batches (in
+    progress, then ended, or ended twice with other attributes or the same; a span id another lane
+    sent is a span of its own), in random order and
     sizes: the table read back (one table operation for the repeats) is the copy-by-copy fold;
     whether the batches are read from the store's blobs, from the tables the writer kept of the
     newest ones (`_FreshBatches`), or from both."""
@@ -448,9 +449,10 @@ def test_launched_by_is_a_column_from_text_or_bytes(tmp_path: Path) -> None:
     st.close()
 
 
-def test_launched_by_in_a_copy_from_another_lane(tmp_path: Path) -> None:
-    """A span first stored in progress in one lane, then ended in another lane's batch with a
-    `starttrace.launched_by`: the merged span keeps its first place and lane, and gets the column."""
+def test_a_span_id_from_another_lane_is_a_span_of_its_own(tmp_path: Path) -> None:
+    """A span id stored in progress in one lane, then ended in another lane's batch with a
+    `starttrace.launched_by`: a span is identified by process and span id (issue 38), so these are
+    two spans, each in its lane, the later one with the column; the first stays in progress."""
     st = Store(tmp_path / "s.db")
 
     def lane(name: str, spans: list[SpanTuple]) -> IngestBatch:
@@ -461,8 +463,9 @@ def test_launched_by_in_a_copy_from_another_lane(tmp_path: Path) -> None:
     st.ingest_now(lane("later", [_span(1, 3000, attrs={"starttrace.launched_by": "00000000000000aa"})]))
     run = st.load_run("r")
     assert run is not None
-    assert run.spans.select("lane", "span_id", "end", "in_progress", "launched_by").rows() == [
-        ("first", f"{1:016x}", 3000, False, "00000000000000aa")
+    assert sorted(run.spans.select("lane", "span_id", "end", "in_progress", "launched_by").rows()) == [
+        ("first", f"{1:016x}", 2000, True, None),
+        ("later", f"{1:016x}", 3000, False, "00000000000000aa"),
     ]
     st.close()
 

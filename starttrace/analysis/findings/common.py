@@ -15,6 +15,7 @@ import polars as pl
 
 from starttrace.analysis.model import Lane, RunModel, SpanNode
 from starttrace.analysis.phases import merge_intervals
+from starttrace.analysis.trees import nearest_marked
 
 SEVERITIES = ("error", "warning", "info")
 RANK_ROLES = ("worker", "child")  # roles whose processes are ranks (the EngineCore is not one)
@@ -115,20 +116,11 @@ class ImportTree:
         self.model = model
         self.is_import = model.array("is_import")
         parent = model.array("parent")
-        up = np.full(len(parent), -1, dtype=np.int64)
-        rows = np.flatnonzero(parent >= 0)
-        cur = parent[rows]
-        for _ in range(MAX_DEPTH):  # each step: the rows whose enclosing import is further up
-            if not len(rows):
-                break
-            hit = self.is_import[cur]
-            up[rows[hit]] = cur[hit]
-            rows, cur = rows[~hit], parent[cur[~hit]]
-            rows, cur = rows[cur >= 0], cur[cur >= 0]
-        self.up_import = up
+        self.up_import = nearest_marked(parent, self.is_import)  # log(depth) rounds, not one per level
         # rows by their depth in the lane's tree: an enclosing import is always shallower, so one
         # pass over these levels, top down, settles every row (a walk per row costs its depth)
-        depth = model.array("depth").astype(np.int16)  # < MAX_DEPTH: a radix sort
+        depth = model.array("depth")
+        depth = depth.astype(np.int16 if len(depth) == 0 or depth.max() < 2**15 else np.int32)  # small: a radix sort
         order = np.argsort(depth, kind="stable")
         bounds = np.flatnonzero(np.diff(depth[order])) + 1
         self.levels = np.split(order, bounds) if len(order) else []
