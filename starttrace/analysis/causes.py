@@ -23,6 +23,7 @@ from typing import Any
 
 from starttrace.analysis.critical_path import path_phases
 from starttrace.analysis.model import RunModel
+from starttrace.analysis.nodes import lane_keys
 from starttrace.analysis.start_kind import KIND_KEYS, fingerprint, start_kind
 
 # the phases each start-kind key decides, in KIND_KEYS order
@@ -103,10 +104,8 @@ def _change(a: RunModel, b: RunModel) -> float | None:
 
 def _detail(a: RunModel, b: RunModel, phase: str) -> list[dict[str, Any]]:
     """The ranks whose own `phase` seconds changed most, and for imports the modules."""
-    from starttrace.analysis.compare import _lane_keys
-
     rows = []
-    ka, kb = _lane_keys(a), _lane_keys(b)
+    ka, kb = lane_keys(a), lane_keys(b)
     for key in dict.fromkeys([*ka, *kb]):
         sa = ka[key].breakdown.get(phase, 0) / 1e9 if key in ka else 0.0
         sb = kb[key].breakdown.get(phase, 0) / 1e9 if key in kb else 0.0

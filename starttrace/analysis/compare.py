@@ -11,7 +11,7 @@ from starttrace.analysis.critical_path import path_phases
 from starttrace.analysis.findings.common import is_forkserver, preload_list
 from starttrace.analysis.findings.preload import covered_ns
 from starttrace.analysis.model import Lane, RunModel
-from starttrace.analysis.nodes import compare_nodes, node_positions
+from starttrace.analysis.nodes import compare_nodes, lane_keys
 from starttrace.analysis.plan import plan_check
 
 MAX_MODULES = 100
@@ -44,27 +44,6 @@ def _delta(a: float | None, b: float | None) -> float | None:
     if a is None or b is None:
         return None
     return round(b - a, 6)
-
-
-def _lane_keys(model: RunModel) -> dict[str, Any]:
-    """Match lanes across runs by role + rank; lanes without a rank by role + order of start."""
-    out: dict[str, Any] = {}
-    counters: dict[str, int] = defaultdict(int)
-    nodes = node_positions(model)  # several hosts: a lane without a rank is matched on its node's position
-    for lane in sorted(model.lanes, key=lambda ln: (ln.start, ln.index)):
-        role = lane.role or "process"
-        if lane.rank is None and lane.node is not None:
-            role = f"node{nodes[lane.node]} {role}"
-        name = lane.resource.get("starttrace.process_name")
-        if lane.rank is not None:
-            key = f"{role} rank {lane.rank}"
-        elif role == "child" and isinstance(name, str) and name and f"{role} {name}" not in out:
-            key = f"{role} {name}"  # a generic child by its Process name (`rank-0`)
-        else:
-            key = f"{role} #{counters[role]}"
-            counters[role] += 1
-        out[key] = lane
-    return out
 
 
 def compare(a: RunModel, b: RunModel) -> Comparison:
@@ -152,7 +131,7 @@ def _pair(x: float | None, y: float | None) -> dict[str, float | None]:
 
 def _ranks(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
     """Lanes matched by role and rank (else role and order), side by side."""
-    ka, kb = _lane_keys(a), _lane_keys(b)
+    ka, kb = lane_keys(a), lane_keys(b)
     ranks = []
     for key in dict.fromkeys([*ka, *kb]):
         la, lb = ka.get(key), kb.get(key)
@@ -243,7 +222,7 @@ def preload_checks(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
 
 def _check_ranks(a: RunModel, b: RunModel, per_rank: list[dict[str, Any]], modules: set[str]) -> list[dict[str, Any]]:
     """Per rank of a preload finding of A: predicted, realised, and what B still imported of it."""
-    ka, kb = _lane_keys(a), _lane_keys(b)
+    ka, kb = lane_keys(a), lane_keys(b)
     key_of = {lane.index: key for key, lane in ka.items()}
     out = []
     for r in per_rank:
@@ -269,8 +248,8 @@ def compile_checks(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
     graphs that missed, slowest rank) against the realised one (A's exclusive compile seconds
     minus B's, on the rank that was slowest in A), and B's cache hits and misses."""
     out = []
-    kb = _lane_keys(b)
-    key_of = {lane.index: key for key, lane in _lane_keys(a).items()}
+    kb = lane_keys(b)
+    key_of = {lane.index: key for key, lane in lane_keys(a).items()}
     misses_b = sum(f.get("cache_misses", 0) for f in b.findings if f["kind"] == "cold_compile")
     for f in a.findings:
         if f["kind"] != "cold_compile":

@@ -5,7 +5,7 @@ A node is a host name plus a clock domain, ordered by the lowest global rank it 
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from typing import Any
 
 from starttrace.analysis.model import Lane, RunModel
@@ -112,3 +112,24 @@ def _node_ready(model: RunModel, row: dict[str, Any] | None) -> float | None:
         return None
     ends = [model.lanes[i].ready_ns for i in row["lanes"] if model.lanes[i].ready_ns is not None]
     return model.seconds(max(ends)) if ends else None
+
+
+def lane_keys(model: RunModel) -> dict[str, Any]:
+    """Lanes matched across runs (compare, causes) by role + rank; lanes without a rank by role + order of start."""
+    out: dict[str, Any] = {}
+    counters: dict[str, int] = defaultdict(int)
+    nodes = node_positions(model)  # several hosts: a lane without a rank is matched on its node's position
+    for lane in sorted(model.lanes, key=lambda ln: (ln.start, ln.index)):
+        role = lane.role or "process"
+        if lane.rank is None and lane.node is not None:
+            role = f"node{nodes[lane.node]} {role}"
+        name = lane.resource.get("starttrace.process_name")
+        if lane.rank is not None:
+            key = f"{role} rank {lane.rank}"
+        elif role == "child" and isinstance(name, str) and name and f"{role} {name}" not in out:
+            key = f"{role} {name}"  # a generic child by its Process name (`rank-0`)
+        else:
+            key = f"{role} #{counters[role]}"
+            counters[role] += 1
+        out[key] = lane
+    return out

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from starttrace.analysis.model import Lane, RunModel
+from starttrace.analysis.vllm_lanes import inspection_helpers
 
 Cut = tuple[int, int, float]  # start ns, end ns, share of it the action takes out
 Cuts = dict[int, list[Cut]]  # lane index -> its cuts
@@ -209,8 +210,6 @@ def _same_stretches(model: RunModel, kind: str, like: dict[str, Any]) -> Cuts:
         ranks = [ln.index for ln in model.lanes if ln.role in RANK_ROLES]
         return _label_cuts(model, ranks, "import", lambda _lane: 1.0)
     if kind == "cold_model_inspection":
-        from starttrace.analysis.findings.inspection import inspection_helpers
-
         return _label_cuts(model, [ln.index for ln in inspection_helpers(model)], "import", lambda _lane: 1.0)
     return {}
 

@@ -14,15 +14,10 @@ from typing import Any
 
 from starttrace.analysis.critical_path import path_by_lane
 from starttrace.analysis.findings.common import finding, launcher_lane, s
-from starttrace.analysis.model import Lane, RunModel
+from starttrace.analysis.model import RunModel
+from starttrace.analysis.vllm_lanes import INSPECTION_MODULE, inspection_helpers
 
-INSPECTION_MODULE = "vllm.model_executor.models.registry"
 MIN_IMPORT_S = 1.0  # a helper that imported less than this is not worth a finding
-
-
-def inspection_helpers(model: RunModel) -> list[Lane]:
-    """The lanes of vLLM's model inspection helper (by its command line)."""
-    return [lane for lane in model.lanes if INSPECTION_MODULE in (lane.command or "") and not lane.after_ready]
 
 
 def inspection_findings(model: RunModel) -> list[dict[str, Any]]:
