@@ -39,6 +39,7 @@ LAZY_PROBES: "dict[str, tuple[str, ...]]" = {
         "vllm.v1.executor.abstract",
         "vllm.v1.executor.multiproc_executor",
         "vllm.v1.worker.worker_base",
+        "vllm.v1.worker.startup_plan",
         "vllm.distributed.parallel_state",
         "vllm.compilation.backends",
         "vllm.compilation.decorators",
