@@ -161,9 +161,12 @@ def _create_run(now: int) -> None:
     environ = os.environ
     trace_id, parent_span = parse_traceparent(environ.get("TRACEPARENT") or environ.get("traceparent") or "")
     state.is_root = True
-    from starttrace.tracer import launchers  # a job of several nodes: one run id and trace id for all of them
+    argv = getattr(sys, "orig_argv", sys.argv)
+    job = None
+    if may_be_job(environ, argv, trace_id):  # a job of several nodes: one run id and trace id for all of them
+        from starttrace.tracer import launchers
 
-    job = launchers.identify(environ, getattr(sys, "orig_argv", sys.argv), trace_id)
+        job = launchers.identify(environ, argv, trace_id)
     state.job = job
     state.trace_id = (job.trace_id if job else trace_id) or os.urandom(16).hex()
     state.root_span = recorder.new_span_id()
@@ -211,6 +214,24 @@ def _start_follower() -> None:
         os.posix_spawn(sys.executable, args, env, setsid=True)
     except Exception as exc:
         recorder.report(f"cannot start the OTLP exporter: {exc}", key="follower")
+
+
+# What launchers.identify reads: without any of it a root is a run of its own, and activation does
+# not load launchers.py (~0.9 M instructions; tests/unit/test_launchers.py keeps the two in step).
+JOB_ENV_VARS = ("STARTTRACE_RUN_ID", "VLLM_STARTTRACE_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+JOB_ARGV_WORDS = ("torch", "vllm", "sglang")
+
+
+def may_be_job(environ: Any, argv: Any, incoming_trace: str) -> bool:
+    """False when launchers.identify would find no job (it is not loaded then)."""
+    if incoming_trace or any(environ.get(name) for name in JOB_ENV_VARS):
+        return True
+    for arg in argv[1:]:  # a launcher is the script or the -m module, never named after -c
+        if arg == "-c":
+            return False
+        if any(word in arg for word in JOB_ARGV_WORDS):
+            return True
+    return False
 
 
 def parse_traceparent(value: str) -> tuple[str, str | None]:
