@@ -26,6 +26,7 @@
 #include <time.h>
 #include <errno.h>
 #include <sys/mman.h>
+#include <structmember.h> /* T_OBJECT_EX: the journal writer's `put` slot */
 
 /* ---- Segment ------------------------------------------------------------------------------ */
 
@@ -187,6 +188,8 @@ typedef struct {
     PyObject *write_compact;  /* imports._write_compact(line) */
     PyObject *ident_key;      /* the last thread ident looked up in `stacks`, as an int */
     unsigned long ident_value;
+    PyTypeObject *writer_type; /* the journal writer's class, once its `put` slot was found ... */
+    Py_ssize_t put_offset;     /* ... and where that slot is in its instances (0: not found) */
 } ImportHook;
 
 static PyObject *str_writer, *str_put, *str_span_ids, *str_refill, *str_plain_ident, *str_process_span, *str_file;
@@ -236,6 +239,33 @@ format_int(char *out, long long value)
     return len;
 }
 
+/* writer.put (a new reference): read from its slot where the writer is of the class whose slot
+   was found before (journal.JournalWriter has __slots__), else as an attribute; NULL with an
+   exception set. The same value either way: a slot holds what the attribute read returns. */
+static PyObject *
+writer_put(ImportHook *self, PyObject *writer)
+{
+    PyTypeObject *type = Py_TYPE(writer);
+    if (type == self->writer_type && self->put_offset > 0) {
+        PyObject *put = *(PyObject **)((char *)writer + self->put_offset);
+        if (put != NULL) {
+            Py_INCREF(put);
+            return put;
+        }
+    } else if (self->writer_type == NULL) {
+        PyObject *descr = _PyType_Lookup(type, str_put); /* borrowed */
+        if (descr != NULL && Py_TYPE(descr) == &PyMemberDescr_Type) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            if (member->type == T_OBJECT_EX && !(member->flags & READONLY) && member->offset > 0) {
+                Py_INCREF(type);
+                self->writer_type = type;
+                self->put_offset = member->offset;
+            }
+        }
+    }
+    return PyObject_GetAttr(writer, str_put);
+}
+
 /* Write one record (valid UTF-8, in pieces) through `writer`: copied straight into its current
    Segment when there is room, else as a str through imports._write_compact, which opens the next
    segment or finds the journal failed. 0, or -1 with an exception set. */
@@ -246,7 +276,7 @@ emit(ImportHook *self, PyObject *writer, const Piece *pieces, int count)
     for (int i = 0; i < count; i++) {
         total += pieces[i].n;
     }
-    PyObject *put = PyObject_GetAttr(writer, str_put);
+    PyObject *put = writer_put(self, writer);
     if (put == NULL) {
         return -1;
     }
@@ -257,6 +287,10 @@ emit(ImportHook *self, PyObject *writer, const Piece *pieces, int count)
             char *dst = segment_room(seg, total);
             if (dst != NULL) {
                 for (int i = 0; i < count; i++) {
+                    if (pieces[i].n == 1) { /* the record's letter, a space, the newline: no call */
+                        *dst++ = *pieces[i].p;
+                        continue;
+                    }
                     memcpy(dst, pieces[i].p, pieces[i].n);
                     dst += pieces[i].n;
                 }
@@ -509,7 +543,13 @@ ImportHook_vectorcall(ImportHook *self, PyObject *const *args, size_t nargsf, Py
         PyErr_Restore(type, value, traceback);
         goto error;
     }
-    path = PyObject_GetAttr(module, str_file); /* a plain attribute read: AttributeError for built-ins */
+    /* a plain attribute read (AttributeError for built-ins), from the module's dict where it is there */
+    path = PyModule_CheckExact(module) ? PyDict_GetItemWithError(PyModule_GetDict(module), str_file) : NULL;
+    if (path != NULL) {
+        Py_INCREF(path);
+    } else if (!PyErr_Occurred()) {
+        path = PyObject_GetAttr(module, str_file);
+    }
     if (path == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_Exception)) {
             goto error;
@@ -591,6 +631,7 @@ ImportHook_dealloc(ImportHook *self)
     Py_XDECREF(self->end_record);
     Py_XDECREF(self->write_compact);
     Py_XDECREF(self->ident_key);
+    Py_XDECREF(self->writer_type);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
