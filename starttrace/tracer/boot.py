@@ -3,8 +3,9 @@
 Called from the `starttrace.pth` line at interpreter start when STARTTRACE / VLLM_STARTTRACE is
 set. Standard library only, and only modules that are already loaded at that point, so that the
 traced program's own import record starts complete: the two it needs beyond those (`atexit`, and
-`mmap` for the journal) are removed from `sys.modules` again and named in the process record
-(`footprint`, docs/journal.md). No `from __future__ import annotations`: it would load `__future__`.
+`mmap` for the journal where the C core does not map it) are removed from `sys.modules` again and
+named in the process record (`footprint`, docs/journal.md). No `from __future__ import
+annotations`: it would load `__future__`.
 
 What the probes call during the process's life (its state, `set_role`, `mark_ready`, ...) is in
 lifecycle.py, which boot fills at activation: the probes import it, never boot.
