@@ -188,6 +188,7 @@ typedef struct {
     PyObject *write_compact;  /* imports._write_compact(line) */
     PyObject *ident_key;      /* the last thread ident looked up in `stacks`, as an int */
     unsigned long ident_value;
+    int ident_is_key;          /* ident_key is the key object `stacks` holds (found once per ident) */
     PyTypeObject *writer_type; /* the journal writer's class, once its `put` slot was found ... */
     Py_ssize_t put_offset;     /* ... and where that slot is in its instances (0: not found) */
 } ImportHook;
@@ -266,6 +267,46 @@ writer_put(ImportHook *self, PyObject *writer)
     return PyObject_GetAttr(writer, str_put);
 }
 
+/* A start time in decimal: its digits above the last eight are those of the span before, most of
+   the time (they change every 0.1 s), so they are kept, and only the last eight formatted. */
+static long long time_high = -1;
+static char time_high_text[24];
+static Py_ssize_t time_high_len;
+
+static Py_ssize_t
+format_time(char *out, long long value)
+{
+    long long high = value / 100000000LL;
+    if (high <= 0) {
+        return format_int(out, value);
+    }
+    if (high != time_high) {
+        time_high_len = format_int(time_high_text, high);
+        time_high = high;
+    }
+    memcpy(out, time_high_text, time_high_len);
+    unsigned low = (unsigned)(value - high * 100000000LL);
+    char *at = out + time_high_len + 8;
+    for (int i = 0; i < 4; i++) {
+        unsigned pair = (low % 100) * 2;
+        low /= 100;
+        *--at = DIGIT_PAIRS[pair + 1];
+        *--at = DIGIT_PAIRS[pair];
+    }
+    return time_high_len + 8;
+}
+
+/* A str's UTF-8 (NULL with an exception set): an ASCII string's own characters, without a call. */
+static inline const char *
+utf8_of(PyObject *text, Py_ssize_t *len)
+{
+    if (PyUnicode_Check(text) && PyUnicode_IS_COMPACT_ASCII(text)) {
+        *len = PyUnicode_GET_LENGTH(text);
+        return (const char *)PyUnicode_DATA(text);
+    }
+    return PyUnicode_AsUTF8AndSize(text, len);
+}
+
 /* Write one record (valid UTF-8, in pieces) through `writer`: copied straight into its current
    Segment when there is room, else as a str through imports._write_compact, which opens the next
    segment or finds the journal failed. 0, or -1 with an exception set. */
@@ -342,8 +383,22 @@ thread_stack(ImportHook *self, unsigned long ident)
         }
         Py_XSETREF(self->ident_key, key);
         self->ident_value = ident;
+        self->ident_is_key = 0;
     }
     PyObject *stack = PyDict_GetItemWithError(self->stacks, self->ident_key);
+    if (stack != NULL && !self->ident_is_key) {
+        /* keep the dict's own key object: the next lookups match it by identity, not by comparing */
+        PyObject *key, *value;
+        Py_ssize_t at = 0;
+        while (PyDict_Next(self->stacks, &at, &key, &value)) {
+            if (value == stack) {
+                Py_INCREF(key);
+                Py_SETREF(self->ident_key, key);
+                break;
+            }
+        }
+        self->ident_is_key = 1;
+    }
     if (stack == NULL) {
         if (PyErr_Occurred()) {
             return NULL;
@@ -353,6 +408,7 @@ thread_stack(ImportHook *self, unsigned long ident)
             Py_XDECREF(stack);
             return NULL;
         }
+        self->ident_is_key = 1;
         return stack;
     }
     Py_INCREF(stack);
@@ -407,17 +463,17 @@ end_span(ImportHook *self, PyObject *writer, PyObject *name, PyObject *span_id, 
         Py_XDECREF(done);
         return done == NULL ? -1 : 0;
     }
-    if (PyList_SetSlice(stack, depth - 1, depth, NULL) < 0) {
-        return -1;
-    }
+    PyObject *top = PyList_GET_ITEM(stack, depth - 1); /* `span_id`: the caller holds it still */
+    Py_SET_SIZE(stack, depth - 1);                      /* the list's `del stack[-1]`, no call */
+    Py_DECREF(top);
     Py_ssize_t id_len, path_len = 0;
-    const char *id_text = PyUnicode_AsUTF8AndSize(span_id, &id_len);
+    const char *id_text = utf8_of(span_id, &id_len);
     if (id_text == NULL) {
         return -1;
     }
     const char *path_text = NULL;
     if (path != NULL && PyUnicode_CheckExact(path)) {
-        path_text = PyUnicode_AsUTF8AndSize(path, &path_len);
+        path_text = utf8_of(path, &path_len);
         if (path_text == NULL || memchr(path_text, '\n', path_len) != NULL) {
             PyErr_Clear(); /* lone surrogates or a newline: the Python helpers write that record */
             PyObject *start_obj = PyLong_FromLongLong(start);
@@ -488,7 +544,7 @@ ImportHook_vectorcall(ImportHook *self, PyObject *const *args, size_t nargsf, Py
         return PyObject_Vectorcall(self->fallback, args, nargsf, NULL);
     }
     Py_ssize_t name_len;
-    const char *name_text = PyUnicode_AsUTF8AndSize(name, &name_len);
+    const char *name_text = utf8_of(name, &name_len);
     if (name_text == NULL || memchr(name_text, '\n', name_len) != NULL) {
         PyErr_Clear(); /* lone surrogates or a newline: the JSON record of the Python wrapper */
         return PyObject_Vectorcall(self->fallback, args, nargsf, NULL);
@@ -514,14 +570,14 @@ ImportHook_vectorcall(ImportHook *self, PyObject *const *args, size_t nargsf, Py
         }
     }
     Py_ssize_t id_len, parent_len;
-    const char *id_text = PyUnicode_AsUTF8AndSize(span_id, &id_len);
-    const char *parent_text = id_text ? PyUnicode_AsUTF8AndSize(parent, &parent_len) : NULL;
+    const char *id_text = utf8_of(span_id, &id_len);
+    const char *parent_text = id_text ? utf8_of(parent, &parent_len) : NULL;
     if (parent_text == NULL) {
         goto error;
     }
     long long start = monotonic_ns();
     char digits[24];
-    Py_ssize_t digits_len = format_int(digits, start);
+    Py_ssize_t digits_len = format_time(digits, start);
     Piece begin[7] = {{"I", 1}, {id_text, id_len}, {parent_text, parent_len}, {digits, digits_len}, {" ", 1}, {name_text, name_len}, {"\n", 1}};
     if (emit(self, writer, begin, 7) < 0 || PyList_Append(stack, span_id) < 0) {
         goto error;
