@@ -1,6 +1,6 @@
 """starttrace overhead in instructions (valgrind callgrind), traced vs untraced, side by side.
 
-    .venv/bin/python benchmarks/bench_instructions.py [--imports 3000] [--no-torch] [--json]
+    .venv/bin/python benchmarks/bench_instructions.py [--imports 3000] [--no-torch] [--json] [--before TREE]
 
 Needs valgrind (`apt-get install -y valgrind`). Instruction counts are deterministic where wall
 time is not: every program runs under `valgrind --tool=callgrind` with PYTHONHASHSEED=0, bytecode
@@ -11,10 +11,16 @@ Where the hot path's C core is built (starttrace/tracer/_hotpath.c), every trace
 STARTTRACE_PURE_PYTHON=1 (the Python code writing the same records): a third column, and the
 per-span cost of both.
 
-1. activation: `python -c pass` traced minus untraced (run creation, process record, probes).
+1. activation: `python -c pass` traced minus untraced (run creation, process record, probes);
+   and a helper's: `python -c 'import ctypes'` in a run a traced root made (the environment it
+   hands down, as Inductor's `cdll.LoadLibrary` checks inherit it).
 2. one import span: a program imports N one-line modules (fresh files, none cached in sys.modules);
    (traced - untraced - activation) / N is the cost of one import span (begin + end record).
 3. `python -c 'import torch'`: traced / untraced.
+
+--before TREE: every traced case also runs with PYTHONPATH=TREE (another checkout of starttrace,
+with its C core built, e.g. the tree before a change), and the deltas are printed side by side
+with their ratio (after / before).
 
 Callgrind counts instructions executed in user space (the program's and the C library's); a system
 call counts as the few instructions around it, so this measures what starttrace itself executes.
@@ -85,11 +91,22 @@ def warm(cmd: list[str], *envs: dict[str, str]) -> None:
         subprocess.run(cmd, env=env, check=True, capture_output=True)
 
 
+def run_environment(python: str, traced: dict[str, str]) -> dict[str, str]:
+    """What a traced root hands down to its children (lifecycle.export_run_environment), as the
+    environment of a helper it would start."""
+    show = "import os, json; print(json.dumps({k: v for k, v in os.environ.items() if k not in %r}))" % (
+        sorted(traced),
+    )
+    out = subprocess.run([python, "-c", show], env=traced, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--imports", type=int, default=3000, help="synthetic modules in the per-span case")
     parser.add_argument("--no-torch", action="store_true", help="skip `import torch`")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
+    parser.add_argument("--before", type=Path, help="a checkout of starttrace to compare the traced cases with")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install -y valgrind)")
@@ -118,25 +135,37 @@ def main() -> int:
             if c is not None:
                 results[name].update(traced_python=c, delta_python=c - a, ratio_python=c / a)  # type: ignore[attr-defined]
 
-        def count(cmd: list[str]) -> tuple[int, int, int | None]:
-            warm(cmd, *([off, on, pure] if pure else [off, on]))
-            return (
-                instructions(cmd, off, work),
-                instructions(cmd, on, work),
-                instructions(cmd, pure, work) if pure else None,
+        before_deltas: dict[str, tuple[int, int]] = {}
+
+        def count(cmd: list[str], name: str = "", extra: dict[str, str] | None = None) -> tuple[int, int, int | None]:
+            envs = [dict(e, **(extra or {})) for e in ([off, on, pure] if pure else [off, on])]
+            warm(cmd, *envs)
+            counted = (
+                instructions(cmd, envs[0], work),
+                instructions(cmd, envs[1], work),
+                instructions(cmd, envs[2], work) if pure else None,
             )
+            if args.before is not None and name:
+                earlier = dict(envs[1], PYTHONPATH=str(args.before.resolve()))
+                warm(cmd, earlier)
+                before_deltas[name] = (instructions(cmd, earlier, work) - counted[0], counted[1] - counted[0])
+            return counted
 
         # 1. activation
-        pass_off, pass_on, pass_pure = count([python, "-c", "pass"])
+        pass_off, pass_on, pass_pure = count([python, "-c", "pass"], "activation, python -c pass")
         show("python -c pass (activation)", pass_off, pass_on, pass_pure)
         activation = pass_on - pass_off
+        inherited = run_environment(python, on)
+        helper = [python, "-c", "import ctypes"]
+        show("helper: python -c 'import ctypes' in a run", *count(helper, "activation, a helper in a run", inherited))
 
         # 2. per import span
         folder = work / "mods"
         folder.mkdir()
         for i in range(args.imports):
             (folder / f"synth_mod_{i}.py").write_text(f"VALUE = {i}\n")
-        imp_off, imp_on, imp_pure = count([python, "-c", IMPORT_LOOP.format(folder=str(folder), count=args.imports)])
+        loop = [python, "-c", IMPORT_LOOP.format(folder=str(folder), count=args.imports)]
+        imp_off, imp_on, imp_pure = count(loop, f"import {args.imports} one-line modules")
         show(f"import {args.imports} one-line modules", imp_off, imp_on, imp_pure)
         per_span = (imp_on - imp_off - activation) / args.imports
         results["per_import_span"] = per_span
@@ -149,7 +178,7 @@ def main() -> int:
         if not args.no_torch:
             cmd = [python, "-c", "import torch"]
             if subprocess.run(cmd, env=off, capture_output=True).returncode == 0:
-                show("python -c 'import torch'", *count(cmd))
+                show("python -c 'import torch'", *count(cmd, "import torch"))
             else:
                 print("  (torch is not installed: skipped)")
 
@@ -158,6 +187,16 @@ def main() -> int:
         if "per_import_span_python" in results:
             print(f"  the same, Python code: activation {results['activation_python']:,}, "
                   f"one import span {results['per_import_span_python']:,.0f} instructions")  # fmt: skip
+        if before_deltas:
+            print(f"\n  traced - untraced, C core, before ({args.before}) and now:")
+            for name, (earlier, now) in before_deltas.items():
+                print(f"  {name:<44} {earlier:>+14,} {now:>+14,} {now / earlier:>7.3f}x")
+            if f"import {args.imports} one-line modules" in before_deltas:
+                act = before_deltas["activation, python -c pass"]
+                loop_delta = before_deltas[f"import {args.imports} one-line modules"]
+                spans = [(loop_delta[i] - act[i]) / args.imports for i in (0, 1)]
+                print(f"  {'one import span':<44} {spans[0]:>14,.0f} {spans[1]:>14,.0f} {spans[1] / spans[0]:>7.3f}x")
+            results["before"] = {name: {"before": b, "now": n} for name, (b, n) in before_deltas.items()}
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if args.json:

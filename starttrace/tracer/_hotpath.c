@@ -5,7 +5,9 @@
 
    - Segment: a journal segment's mapping, written by a memory copy at a position of its own.
      `Segment(mapping).write` is the journal writer's `put` (journal.py): one C call, atomic under
-     the GIL, ValueError when the record does not fit, like `mmap.write`.
+     the GIL, ValueError when the record does not fit, like `mmap.write`. `map_segment(fd, length)`
+     maps the file itself (the journal then never loads the `mmap` module: ~0.5 M instructions of
+     every process's activation) and keeps the mapping for the rest of the process.
    - ImportHook: the common case of the import probe (probes/imports.py, `_make_wrapper`): the
      main thread, an `import` statement, a name without a newline, spans not held back. It writes
      the same compact `I` and `E` records as the Python wrapper, copying them straight into the
@@ -22,6 +24,9 @@
 #include <stddef.h>
 #include <string.h>
 #include <time.h>
+#include <errno.h>
+#include <sys/mman.h>
+#include <structmember.h> /* T_OBJECT_EX: the journal writer's `put` slot */
 
 /* ---- Segment ------------------------------------------------------------------------------ */
 
@@ -40,7 +45,7 @@ Segment_init(Segment *self, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTuple(args, "O:Segment", &mapping)) {
         return -1;
     }
-    if (self->view.obj != NULL) {
+    if (self->view.obj != NULL || self->view.buf != NULL) {
         PyErr_SetString(PyExc_TypeError, "Segment already initialised");
         return -1;
     }
@@ -111,6 +116,40 @@ Segment_size(Segment *self, PyObject *Py_UNUSED(ignored))
     return PyLong_FromSsize_t(self->view.buf == NULL ? 0 : self->view.len);
 }
 
+/* map_segment(fd, length): a Segment over `length` bytes of file `fd` from its start, mapped shared
+   for writing. The mapping is never unmapped (as journal._keep keeps an mmap object) and holds no
+   descriptor: the caller closes `fd`. OSError when the mapping fails. */
+static PyObject *
+map_segment(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    int fd;
+    Py_ssize_t length;
+    if (!PyArg_ParseTuple(args, "in:map_segment", &fd, &length)) {
+        return NULL;
+    }
+    if (length <= 0) {
+        PyErr_SetString(PyExc_ValueError, "map_segment: length must be positive");
+        return NULL;
+    }
+    Segment *seg = PyObject_New(Segment, &SegmentType);
+    if (seg == NULL) {
+        return NULL;
+    }
+    memset(&seg->view, 0, sizeof(seg->view));
+    seg->pos = 0;
+    void *addr;
+    Py_BEGIN_ALLOW_THREADS
+    addr = mmap(NULL, (size_t)length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    Py_END_ALLOW_THREADS
+    if (addr == MAP_FAILED) {
+        Py_DECREF(seg);
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    seg->view.buf = addr;
+    seg->view.len = length;
+    return (PyObject *)seg;
+}
+
 static PyMethodDef Segment_methods[] = {
     {"write", (PyCFunction)Segment_write, METH_O, "Copy a record (bytes) in; ValueError if it does not fit."},
     {"tell", (PyCFunction)Segment_tell, METH_NOARGS, "Bytes written so far."},
@@ -149,6 +188,9 @@ typedef struct {
     PyObject *write_compact;  /* imports._write_compact(line) */
     PyObject *ident_key;      /* the last thread ident looked up in `stacks`, as an int */
     unsigned long ident_value;
+    int ident_is_key;          /* ident_key is the key object `stacks` holds (found once per ident) */
+    PyTypeObject *writer_type; /* the journal writer's class, once its `put` slot was found ... */
+    Py_ssize_t put_offset;     /* ... and where that slot is in its instances (0: not found) */
 } ImportHook;
 
 static PyObject *str_writer, *str_put, *str_span_ids, *str_refill, *str_plain_ident, *str_process_span, *str_file;
@@ -198,6 +240,73 @@ format_int(char *out, long long value)
     return len;
 }
 
+/* writer.put (a new reference): read from its slot where the writer is of the class whose slot
+   was found before (journal.JournalWriter has __slots__), else as an attribute; NULL with an
+   exception set. The same value either way: a slot holds what the attribute read returns. */
+static PyObject *
+writer_put(ImportHook *self, PyObject *writer)
+{
+    PyTypeObject *type = Py_TYPE(writer);
+    if (type == self->writer_type && self->put_offset > 0) {
+        PyObject *put = *(PyObject **)((char *)writer + self->put_offset);
+        if (put != NULL) {
+            Py_INCREF(put);
+            return put;
+        }
+    } else if (self->writer_type == NULL) {
+        PyObject *descr = _PyType_Lookup(type, str_put); /* borrowed */
+        if (descr != NULL && Py_TYPE(descr) == &PyMemberDescr_Type) {
+            PyMemberDef *member = ((PyMemberDescrObject *)descr)->d_member;
+            if (member->type == T_OBJECT_EX && !(member->flags & READONLY) && member->offset > 0) {
+                Py_INCREF(type);
+                self->writer_type = type;
+                self->put_offset = member->offset;
+            }
+        }
+    }
+    return PyObject_GetAttr(writer, str_put);
+}
+
+/* A start time in decimal: its digits above the last eight are those of the span before, most of
+   the time (they change every 0.1 s), so they are kept, and only the last eight formatted. */
+static long long time_high = -1;
+static char time_high_text[24];
+static Py_ssize_t time_high_len;
+
+static Py_ssize_t
+format_time(char *out, long long value)
+{
+    long long high = value / 100000000LL;
+    if (high <= 0) {
+        return format_int(out, value);
+    }
+    if (high != time_high) {
+        time_high_len = format_int(time_high_text, high);
+        time_high = high;
+    }
+    memcpy(out, time_high_text, time_high_len);
+    unsigned low = (unsigned)(value - high * 100000000LL);
+    char *at = out + time_high_len + 8;
+    for (int i = 0; i < 4; i++) {
+        unsigned pair = (low % 100) * 2;
+        low /= 100;
+        *--at = DIGIT_PAIRS[pair + 1];
+        *--at = DIGIT_PAIRS[pair];
+    }
+    return time_high_len + 8;
+}
+
+/* A str's UTF-8 (NULL with an exception set): an ASCII string's own characters, without a call. */
+static inline const char *
+utf8_of(PyObject *text, Py_ssize_t *len)
+{
+    if (PyUnicode_Check(text) && PyUnicode_IS_COMPACT_ASCII(text)) {
+        *len = PyUnicode_GET_LENGTH(text);
+        return (const char *)PyUnicode_DATA(text);
+    }
+    return PyUnicode_AsUTF8AndSize(text, len);
+}
+
 /* Write one record (valid UTF-8, in pieces) through `writer`: copied straight into its current
    Segment when there is room, else as a str through imports._write_compact, which opens the next
    segment or finds the journal failed. 0, or -1 with an exception set. */
@@ -208,7 +317,7 @@ emit(ImportHook *self, PyObject *writer, const Piece *pieces, int count)
     for (int i = 0; i < count; i++) {
         total += pieces[i].n;
     }
-    PyObject *put = PyObject_GetAttr(writer, str_put);
+    PyObject *put = writer_put(self, writer);
     if (put == NULL) {
         return -1;
     }
@@ -219,6 +328,10 @@ emit(ImportHook *self, PyObject *writer, const Piece *pieces, int count)
             char *dst = segment_room(seg, total);
             if (dst != NULL) {
                 for (int i = 0; i < count; i++) {
+                    if (pieces[i].n == 1) { /* the record's letter, a space, the newline: no call */
+                        *dst++ = *pieces[i].p;
+                        continue;
+                    }
                     memcpy(dst, pieces[i].p, pieces[i].n);
                     dst += pieces[i].n;
                 }
@@ -270,8 +383,22 @@ thread_stack(ImportHook *self, unsigned long ident)
         }
         Py_XSETREF(self->ident_key, key);
         self->ident_value = ident;
+        self->ident_is_key = 0;
     }
     PyObject *stack = PyDict_GetItemWithError(self->stacks, self->ident_key);
+    if (stack != NULL && !self->ident_is_key) {
+        /* keep the dict's own key object: the next lookups match it by identity, not by comparing */
+        PyObject *key, *value;
+        Py_ssize_t at = 0;
+        while (PyDict_Next(self->stacks, &at, &key, &value)) {
+            if (value == stack) {
+                Py_INCREF(key);
+                Py_SETREF(self->ident_key, key);
+                break;
+            }
+        }
+        self->ident_is_key = 1;
+    }
     if (stack == NULL) {
         if (PyErr_Occurred()) {
             return NULL;
@@ -281,6 +408,7 @@ thread_stack(ImportHook *self, unsigned long ident)
             Py_XDECREF(stack);
             return NULL;
         }
+        self->ident_is_key = 1;
         return stack;
     }
     Py_INCREF(stack);
@@ -335,17 +463,17 @@ end_span(ImportHook *self, PyObject *writer, PyObject *name, PyObject *span_id, 
         Py_XDECREF(done);
         return done == NULL ? -1 : 0;
     }
-    if (PyList_SetSlice(stack, depth - 1, depth, NULL) < 0) {
-        return -1;
-    }
+    PyObject *top = PyList_GET_ITEM(stack, depth - 1); /* `span_id`: the caller holds it still */
+    Py_SET_SIZE(stack, depth - 1);                      /* the list's `del stack[-1]`, no call */
+    Py_DECREF(top);
     Py_ssize_t id_len, path_len = 0;
-    const char *id_text = PyUnicode_AsUTF8AndSize(span_id, &id_len);
+    const char *id_text = utf8_of(span_id, &id_len);
     if (id_text == NULL) {
         return -1;
     }
     const char *path_text = NULL;
     if (path != NULL && PyUnicode_CheckExact(path)) {
-        path_text = PyUnicode_AsUTF8AndSize(path, &path_len);
+        path_text = utf8_of(path, &path_len);
         if (path_text == NULL || memchr(path_text, '\n', path_len) != NULL) {
             PyErr_Clear(); /* lone surrogates or a newline: the Python helpers write that record */
             PyObject *start_obj = PyLong_FromLongLong(start);
@@ -416,7 +544,7 @@ ImportHook_vectorcall(ImportHook *self, PyObject *const *args, size_t nargsf, Py
         return PyObject_Vectorcall(self->fallback, args, nargsf, NULL);
     }
     Py_ssize_t name_len;
-    const char *name_text = PyUnicode_AsUTF8AndSize(name, &name_len);
+    const char *name_text = utf8_of(name, &name_len);
     if (name_text == NULL || memchr(name_text, '\n', name_len) != NULL) {
         PyErr_Clear(); /* lone surrogates or a newline: the JSON record of the Python wrapper */
         return PyObject_Vectorcall(self->fallback, args, nargsf, NULL);
@@ -442,14 +570,14 @@ ImportHook_vectorcall(ImportHook *self, PyObject *const *args, size_t nargsf, Py
         }
     }
     Py_ssize_t id_len, parent_len;
-    const char *id_text = PyUnicode_AsUTF8AndSize(span_id, &id_len);
-    const char *parent_text = id_text ? PyUnicode_AsUTF8AndSize(parent, &parent_len) : NULL;
+    const char *id_text = utf8_of(span_id, &id_len);
+    const char *parent_text = id_text ? utf8_of(parent, &parent_len) : NULL;
     if (parent_text == NULL) {
         goto error;
     }
     long long start = monotonic_ns();
     char digits[24];
-    Py_ssize_t digits_len = format_int(digits, start);
+    Py_ssize_t digits_len = format_time(digits, start);
     Piece begin[7] = {{"I", 1}, {id_text, id_len}, {parent_text, parent_len}, {digits, digits_len}, {" ", 1}, {name_text, name_len}, {"\n", 1}};
     if (emit(self, writer, begin, 7) < 0 || PyList_Append(stack, span_id) < 0) {
         goto error;
@@ -471,7 +599,13 @@ ImportHook_vectorcall(ImportHook *self, PyObject *const *args, size_t nargsf, Py
         PyErr_Restore(type, value, traceback);
         goto error;
     }
-    path = PyObject_GetAttr(module, str_file); /* a plain attribute read: AttributeError for built-ins */
+    /* a plain attribute read (AttributeError for built-ins), from the module's dict where it is there */
+    path = PyModule_CheckExact(module) ? PyDict_GetItemWithError(PyModule_GetDict(module), str_file) : NULL;
+    if (path != NULL) {
+        Py_INCREF(path);
+    } else if (!PyErr_Occurred()) {
+        path = PyObject_GetAttr(module, str_file);
+    }
     if (path == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_Exception)) {
             goto error;
@@ -553,6 +687,7 @@ ImportHook_dealloc(ImportHook *self)
     Py_XDECREF(self->end_record);
     Py_XDECREF(self->write_compact);
     Py_XDECREF(self->ident_key);
+    Py_XDECREF(self->writer_type);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -602,8 +737,14 @@ static PyTypeObject ImportHookType = {
 
 /* ---- the module --------------------------------------------------------------------------- */
 
+static PyMethodDef hotpath_functions[] = {
+    {"map_segment", map_segment, METH_VARARGS, "A Segment over a new shared mapping of a journal file (fd, length)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef hotpath_module = {
     PyModuleDef_HEAD_INIT,
+    .m_methods = hotpath_functions,
     .m_name = "starttrace.tracer._hotpath",
     .m_doc = "The C core of starttrace's hot path: journal segments and the common import span.",
     .m_size = -1,

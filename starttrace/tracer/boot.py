@@ -3,8 +3,9 @@
 Called from the `starttrace.pth` line at interpreter start when STARTTRACE / VLLM_STARTTRACE is
 set. Standard library only, and only modules that are already loaded at that point, so that the
 traced program's own import record starts complete: the two it needs beyond those (`atexit`, and
-`mmap` for the journal) are removed from `sys.modules` again and named in the process record
-(`footprint`, docs/journal.md). No `from __future__ import annotations`: it would load `__future__`.
+`mmap` for the journal where the C core does not map it) are removed from `sys.modules` again and
+named in the process record (`footprint`, docs/journal.md). No `from __future__ import
+annotations`: it would load `__future__`.
 
 What the probes call during the process's life (its state, `set_role`, `mark_ready`, ...) is in
 lifecycle.py, which boot fills at activation: the probes import it, never boot.
@@ -161,9 +162,12 @@ def _create_run(now: int) -> None:
     environ = os.environ
     trace_id, parent_span = parse_traceparent(environ.get("TRACEPARENT") or environ.get("traceparent") or "")
     state.is_root = True
-    from starttrace.tracer import launchers  # a job of several nodes: one run id and trace id for all of them
+    argv = getattr(sys, "orig_argv", sys.argv)
+    job = None
+    if may_be_job(environ, argv, trace_id):  # a job of several nodes: one run id and trace id for all of them
+        from starttrace.tracer import launchers
 
-    job = launchers.identify(environ, getattr(sys, "orig_argv", sys.argv), trace_id)
+        job = launchers.identify(environ, argv, trace_id)
     state.job = job
     state.trace_id = (job.trace_id if job else trace_id) or os.urandom(16).hex()
     state.root_span = recorder.new_span_id()
@@ -211,6 +215,24 @@ def _start_follower() -> None:
         os.posix_spawn(sys.executable, args, env, setsid=True)
     except Exception as exc:
         recorder.report(f"cannot start the OTLP exporter: {exc}", key="follower")
+
+
+# What launchers.identify reads: without any of it a root is a run of its own, and activation does
+# not load launchers.py (~0.9 M instructions; tests/unit/test_launchers.py keeps the two in step).
+JOB_ENV_VARS = ("STARTTRACE_RUN_ID", "VLLM_STARTTRACE_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+JOB_ARGV_WORDS = ("torch", "vllm", "sglang")
+
+
+def may_be_job(environ: Any, argv: Any, incoming_trace: str) -> bool:
+    """False when launchers.identify would find no job (it is not loaded then)."""
+    if incoming_trace or any(environ.get(name) for name in JOB_ENV_VARS):
+        return True
+    for arg in argv[1:]:  # a launcher is the script or the -m module, never named after -c
+        if arg == "-c":
+            return False
+        if any(word in arg for word in JOB_ARGV_WORDS):
+            return True
+    return False
 
 
 def parse_traceparent(value: str) -> tuple[str, str | None]:

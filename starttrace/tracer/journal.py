@@ -8,9 +8,10 @@ no descriptor of ours stays open for the program to close, `dup2` over or be han
 copied is in the page cache, so it survives `os._exit` and SIGKILL like a `write` would.
 
 This module imports nothing beyond builtins, `os`, `sys` and `time` (already loaded when the
-`.pth` line runs) except `mmap`, which it loads once and then removes from `sys.modules` again, so
-that the traced program's own first `import mmap` is still recorded (see `footprint`). That is
-also why it encodes JSON by hand instead of importing `json`.
+`.pth` line runs) except `mmap` where the C core does not map the segments itself (the Python
+code, or a failed journal's last words), which it loads once and then removes from `sys.modules`
+again, so that the traced program's own first `import mmap` is still recorded (see `footprint`).
+That is also why it encodes JSON by hand instead of importing `json`.
 """
 
 import os
@@ -135,7 +136,12 @@ class JournalWriter:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
             os.posix_fallocate(fd, 0, size)  # a full disk fails here, not as SIGBUS on a later write
-            mapping = _map(fd, size - self.RESERVE, 0)
+            core = hotpath
+            if core is not None and hasattr(core, "map_segment"):  # maps it in C: `mmap` stays unloaded
+                put = core.map_segment(fd, size - self.RESERVE).write
+            else:
+                mapping = _map(fd, size - self.RESERVE, 0)
+                put = core.Segment(mapping).write if core is not None else mapping.write  # type: ignore[attr-defined]
         except BaseException:
             os.close(fd)
             try:
@@ -146,7 +152,7 @@ class JournalWriter:
         os.close(fd)
         self.number += 1
         self.size = size
-        self.put = hotpath.Segment(mapping).write if hotpath is not None else mapping.write  # type: ignore[attr-defined]
+        self.put = put
 
     def _fail(self, full_put: object, message: str) -> None:
         """Stop for good; write the `warn` record into the current segment's reserved tail."""

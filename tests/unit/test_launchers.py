@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from starttrace.sources.journal_reader import read_run
-from starttrace.tracer.launchers import Job, clean_run_id, command_of, fnv1a_128, from_argv, identify
+from starttrace.tracer import boot
+from starttrace.tracer.launchers import TOOL_MODULES, Job, clean_run_id, command_of, fnv1a_128, from_argv, identify
 
 PY = "/venv/bin/python"
 TORCHRUN = [PY, "/venv/bin/torchrun"]
@@ -156,3 +157,30 @@ def test_nodes_started_apart_share_one_run_folder_and_trace(
         parent = next(p for p in roots if p.pid == child_process.ppid)
         assert child_process.resource["starttrace.clock.domain"] == parent.resource["starttrace.clock.domain"]
         assert child_process.resource["host.id"] == parent.resource["host.id"]
+
+
+@pytest.mark.parametrize(
+    ("environ", "argv", "trace"),
+    [({}, [PY, "-m", module, "--nnodes", "2"], "") for module in sorted(TOOL_MODULES)]
+    + [({}, [PY, f"/venv/bin/{tool}", "--nnodes", "2"], "") for tool in ("torchrun", "vllm", "sglang")]
+    + [
+        ({}, [PY, "-X", "importtime", "/venv/bin/torchrun.py", "--nnodes", "2"], ""),
+        ({"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0", "SLURM_NNODES": "2"}, [PY, "t.py"], ""),
+        ({"TORCHELASTIC_RUN_ID": "r", "MASTER_ADDR": "h", "MASTER_PORT": "1"}, [PY, "t.py"], ""),
+        ({"STARTTRACE_RUN_ID": "exp-1"}, [PY, "t.py"], ""),
+        ({"VLLM_STARTTRACE_RUN_ID": "ray"}, [PY, "t.py"], ""),
+        ({}, [PY, "t.py"], "4bf92f3577b34da6a3ce929d0e0e4736"),
+    ],
+)
+def test_activation_loads_launchers_wherever_they_could_find_a_job(
+    environ: dict[str, str], argv: list[str], trace: str
+) -> None:
+    """boot.may_be_job keeps launchers.py unloaded where identify would find nothing: it must say
+    yes for each source of a job identify reads (a launcher's command line, an environment key)."""
+    assert boot.may_be_job(environ, argv, trace)
+
+
+def test_activation_skips_launchers_for_a_plain_command() -> None:
+    for argv in ([PY, "-c", "import torch"], [PY, "train.py"], [PY, "-c", "pass", "vllm"]):
+        assert not boot.may_be_job({}, argv, "")
+        assert identify({}, argv) is None

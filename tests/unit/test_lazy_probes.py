@@ -34,14 +34,18 @@ def test_lazy_triggers_are_the_modules_the_probe_hooks(probe: str, monkeypatch: 
     assert sorted(set(hooked)) == sorted(LAZY_PROBES[probe])
 
 
-def _traced(tmp_path: Path, program: str, *argv: str) -> tuple[dict[str, Any], Run, Process]:
+def _traced(
+    tmp_path: Path, program: str, *argv: str, processes: int = 1, **extra_env: str
+) -> tuple[dict[str, Any], Run, Process]:
+    """Run `program` traced; its output's last line (JSON), its run, and its root's process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STARTTRACE") and k.lower() != "traceparent"}
-    env.update(STARTTRACE="1", STARTTRACE_DIR=str(tmp_path / "runs"))
+    env.update(STARTTRACE="1", STARTTRACE_DIR=str(tmp_path / "runs"), **extra_env)
     proc = subprocess.run([sys.executable, "-c", program, *argv], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     run = read_run(run_dir)
-    (process,) = run.processes
+    assert len(run.processes) == processes
+    (process,) = [p for p in run.processes if p.record["method"] == "root"]
     return json.loads(proc.stdout.strip().splitlines()[-1]), run, process
 
 
@@ -55,8 +59,34 @@ print(json.dumps({{"loaded": sorted(m for m in sys.modules if m.startswith("star
 
 def test_a_plain_program_loads_no_library_probe(tmp_path: Path) -> None:
     out, _run, process = _traced(tmp_path, PROBED.format(imports="import json", check="None"))
+    assert out["loaded"] == ["starttrace.tracer.probes.imports"]
+    # the multiprocessing probe's hooks wait for its modules as before: named installed all the same
+    assert process.resource["starttrace.probes.installed"] == ["imports", "multiprocessing"]
+
+
+def test_multiprocessing_probe_loads_with_subprocess_and_records_the_launch(tmp_path: Path) -> None:
+    program = PROBED.format(
+        imports='import subprocess; subprocess.run([sys.executable, "-c", "pass"], check=True)',
+        check='getattr(sys.modules["subprocess"].Popen.__init__, "__starttrace__", False)',
+    )
+    out, run, process = _traced(tmp_path, program, processes=2)
+    assert "starttrace.tracer.probes.multiprocessing" in out["loaded"] and out["patched"] is True
+    assert process.resource["starttrace.probes.installed"] == ["imports", "multiprocessing"]
+    spans = spans_of(run, process)
+    assert not any(s.name.startswith("import starttrace") for s in spans)
+    (launch,) = [s for s in spans if s.name == "process.launch"]
+    (child,) = [p for p in run.processes if p is not process]
+    assert child.record["launch_pid"] == process.record["pid"] and child.record["parent"] == launch.span_id
+    assert launch.attrs["starttrace.child_pid"] == child.record["pid"]
+
+
+def test_forkserver_preload_setting_loads_the_multiprocessing_probe_at_activation(tmp_path: Path) -> None:
+    """It says at activation what every forkserver will preload (docs/probes.md)."""
+    program = PROBED.format(imports="", check="None")
+    out, _run, process = _traced(tmp_path, program, STARTTRACE_FORKSERVER_PRELOAD="json")
     assert out["loaded"] == ["starttrace.tracer.probes.imports", "starttrace.tracer.probes.multiprocessing"]
     assert process.resource["starttrace.probes.installed"] == ["imports", "multiprocessing"]
+    assert process.resource["starttrace.forkserver_preload_extra"] == ["json"]
 
 
 def test_uvicorn_probe_loads_on_first_import_and_patches(tmp_path: Path) -> None:

@@ -1,11 +1,15 @@
 """Probes: one per library, each patching its library right after the traced program imported it
 (post-import hooks: recorder.when_imported); standard library only.
 
-Only the import and multiprocessing probes load at activation; the others when the program first
-imports a module they patch (`LAZY_PROBES`), and the vLLM probe also at activation when the
-command line names vLLM (it reads the process role from argv).
+Only the import probe loads at activation; the others when the program first imports a module
+they patch (`LAZY_PROBES`), and the vLLM probe also at activation when the command line names vLLM
+(it reads the process role from argv). The multiprocessing probe patches nothing at activation
+either (its install() only hooks multiprocessing's and subprocess's modules), so it loads with the
+first of them too, unless STARTTRACE_FORKSERVER_PRELOAD asks it to speak at activation; it counts
+as installed from activation all the same (`HOOKED_AT_ACTIVATION`): its hooks are in place.
 """
 
+import os
 import sys
 
 from starttrace.tracer import lifecycle, recorder
@@ -14,13 +18,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-PROBES = (
-    "starttrace.tracer.probes.imports",
-    "starttrace.tracer.probes.multiprocessing",
-)
+PROBES = ("starttrace.tracer.probes.imports",)
 
 # probe -> the modules its install() hooks (tests/unit/test_lazy_probes.py keeps them equal)
 LAZY_PROBES: "dict[str, tuple[str, ...]]" = {
+    "starttrace.tracer.probes.multiprocessing": (
+        "multiprocessing.process",
+        "multiprocessing.forkserver",
+        "multiprocessing.resource_tracker",
+        "subprocess",
+    ),
     "starttrace.tracer.probes.torch": ("torch.cuda", "torch.distributed", "torch.accelerator"),
     "starttrace.tracer.probes.compile": ("torch._dynamo.utils",),
     "starttrace.tracer.probes.weights": ("safetensors", "safetensors.torch", "huggingface_hub.file_download"),
@@ -64,6 +71,13 @@ LAZY_PROBES: "dict[str, tuple[str, ...]]" = {
 EAGER_WHEN_ARGV: "dict[str, tuple[str, ...]]" = {
     "starttrace.tracer.probes.vllm": ("vllm", "all_reduce_utils", "resource_tracker"),
 }
+# probe -> environment variables that load it at activation (when set and not blank)
+EAGER_WHEN_ENV: "dict[str, tuple[str, ...]]" = {
+    "starttrace.tracer.probes.multiprocessing": ("STARTTRACE_FORKSERVER_PRELOAD",),
+}
+# lazy probes named installed from activation on (`starttrace.probes.installed`), as when they
+# loaded at activation: their install() only hooks modules, which their lazy loader hooks alike
+HOOKED_AT_ACTIVATION = ("starttrace.tracer.probes.multiprocessing",)
 _installed: "list[str]" = []
 _lazy_done: "set[str]" = set()
 
@@ -78,7 +92,13 @@ def load_all() -> "list[Any]":
     not recorded)."""
     job = lifecycle.state.job
     agent = job is not None and job.kind == "torchrun" and job.from_argv
-    names = [*PROBES, TORCHRUN_AGENT_PROBE] if agent else list(PROBES)
+    names = list(PROBES)
+    environ = os.environ
+    for name, variables in EAGER_WHEN_ENV.items():
+        if any((environ.get(variable) or "").strip() for variable in variables):
+            names.append(name)
+    if agent:
+        names.append(TORCHRUN_AGENT_PROBE)
     joined = " ".join(getattr(sys, "orig_argv", None) or sys.argv)
     for name, words in EAGER_WHEN_ARGV.items():
         if any(word in joined for word in words):
@@ -102,6 +122,8 @@ def install_all(modules: "list[Any]") -> None:
     loaded = {module.__name__ for module in modules}
     for module in modules:
         _install(module)
+        if module.__name__ == PROBES[-1]:  # listed where they stood when they loaded at activation
+            _installed.extend(_short_name(name) for name in HOOKED_AT_ACTIVATION if name not in loaded)
     for name, targets in LAZY_PROBES.items():
         if name not in loaded:
             load = _lazy_loader(name)
@@ -116,7 +138,9 @@ def _install(module: "Any") -> bool:
     except Exception as exc:
         recorder.report(f"probe {module.__name__} failed to install: {type(exc).__name__}: {exc}", key=module.__name__)
         return False
-    _installed.append(_short_name(module.__name__))
+    short = _short_name(module.__name__)
+    if short not in _installed:
+        _installed.append(short)
     return True
 
 

@@ -30,7 +30,7 @@ HELPER_TARGETS = ("concurrent.futures", "multiprocessing.", "torch._inductor", "
 _extra_preload: list[str] = []
 
 
-# not `_wrap._mark`: this probe loads at activation, `_wrap` only with the lazy probes
+# not `_wrap._mark`: this probe can load at activation (STARTTRACE_FORKSERVER_PRELOAD), `_wrap` does not
 def _marked(wrapper: "Any", original: "Any") -> "Any":
     wrapper.__starttrace__ = True
     wrapper.__wrapped__ = original
