@@ -181,7 +181,8 @@ def _modules(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
 
 
 def preload_checks(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
-    """For each `preload` finding of A: did B apply it (its forkservers preload the modules), and
+    """For each `preload` finding of A: did B apply it (its forkservers preload the modules; `tried`:
+    some of them, so a start that never tried the advice is not reported as failing it), and
     per rank the predicted saving (A's measured re-import seconds) against the realised one
     (A's import seconds minus B's, same rank); on time to ready, A's estimate against B - A."""
     held = {module for lane in b.lanes if is_forkserver(b, lane) for module in preload_list(b, lane)}
@@ -192,8 +193,14 @@ def preload_checks(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
         modules = list(f["modules"])
         ranks = _check_ranks(a, b, f["per_rank"], set(modules))
         missing = [m for m in modules if m not in held]
+        tried = len(missing) < len(modules)  # B preloads some of it: the advice was tried
         notes = []
-        if missing:
+        if not tried:
+            notes.append(
+                "B did not try this advice (its forkservers preload none of these modules): the realised "
+                "column is what B's other differences gave, not the advice"
+            )
+        elif missing:
             notes.append(
                 f"B's forkservers do not preload {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''}"
             )
@@ -207,6 +214,7 @@ def preload_checks(a: RunModel, b: RunModel) -> list[dict[str, Any]]:
                 "start_method": f["start_method"],
                 "modules": modules,
                 "applied": not missing,
+                "tried": tried,
                 "ranks": ranks,
                 "time_to_ready": {
                     "predicted_change_s": f["estimate"]["time_to_ready_s"],

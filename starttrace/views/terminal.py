@@ -670,7 +670,7 @@ def _compare_modules(cmp: Comparison, console: Console, wide: bool) -> None:
 def _preload_check(cmp: Comparison, console: Console, wide: bool) -> None:
     """Predicted (A's preload findings) against realised (B) savings, per rank and on time to ready."""
     for check in cmp.preload_checks:
-        applied = "applied" if check["applied"] else "NOT applied"
+        applied = "applied" if check["applied"] else "NOT fully applied" if check.get("tried") else "not tried"
         console.print(
             Text(
                 f"preload advice of A ({len(check['modules'])} modules, {check['start_method']}): {applied} in B",

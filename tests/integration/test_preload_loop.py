@@ -166,6 +166,20 @@ def test_compare_shows_realised_against_predicted(loop: Loop, venv_python: str) 
     assert "applied in B" in text and "predicted s" in text and "realised s" in text
 
 
+def test_a_start_that_never_tried_the_advice_is_not_reported_as_failing_it(loop: Loop, venv_python: str) -> None:
+    """A against itself: its forkserver preloads none of the advice, so B never tried it."""
+    done = cli(venv_python, loop.env, "compare", loop.a.run_id, loop.a.run_id, "--dir", str(loop.root), "--json")
+    (check,) = json.loads(done.stdout)["preload_checks"]
+    assert not check["tried"] and not check["applied"]
+    assert any("did not try this advice" in note for note in check["notes"])
+    text = cli(venv_python, loop.env, "compare", loop.a.run_id, loop.a.run_id, "--dir", str(loop.root)).stdout
+    assert "not tried in B" in text and "NOT" not in text
+    (b_check,) = json.loads(
+        cli(venv_python, loop.env, "compare", loop.a.run_id, loop.b.run_id, "--dir", str(loop.root), "--json").stdout
+    )["preload_checks"]
+    assert b_check["tried"]
+
+
 def test_cli_fits_80_columns(loop: Loop, venv_python: str) -> None:
     root = ["--dir", str(loop.root)]
     outputs = {
