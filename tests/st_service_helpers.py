@@ -8,7 +8,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +112,29 @@ def wait_final(run_dir: Path, timeout: float = 20.0, environ: dict[str, str] | N
         return run
 
     return wait_for(final, timeout)
+
+
+@contextmanager
+def serving(args: Sequence[str], log: Path, env: dict[str, str], cwd: Path, timeout: float = 120.0) -> Iterator[str]:
+    """A real `python -m starttrace.service.server --port <free port> *args` for the block: yields its
+    URL once /healthz answers (its output in `log`), and stops it after."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "starttrace.service.server", "--port", str(port), *args]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("service did not start: " + log.read_text(errors="replace")[-3000:])
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from st_service_helpers import serving
 
 pytest.importorskip("chdb")
 
@@ -101,27 +101,8 @@ def test_cli_reads_ids_exactly_as_sent(ch_dir: Path) -> None:
 
 @pytest.fixture(scope="module")
 def service(ch_dir: Path) -> Iterator[str]:
-    port = _free_port()
-    log = ch_dir.parent / "service.log"
-    cmd = [sys.executable, "-m", "starttrace.service.server", "--port", str(port), "--clickhouse", f"chdb:{ch_dir}"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, env=_env(), cwd=str(REPO), stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("service did not start: " + log.read_text(errors="replace")[-3000:])
-            time.sleep(0.2)
+    with serving(["--clickhouse", f"chdb:{ch_dir}"], ch_dir.parent / "service.log", _env(), REPO) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def test_service_takes_values_exactly_as_sent(service: str) -> None:

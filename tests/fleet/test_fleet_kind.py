@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from fleet_rows import held_out_fleet, synthetic_facts
+from st_service_helpers import serving
 
 from starttrace.analysis.fleet import fleet_answer, mix, regressions, run_facts
 from starttrace.analysis.lanes import build_model
@@ -147,12 +146,6 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def held_out_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The store's SQLite file with the held-out fleet's facts (as the service's deriver writes them)."""
@@ -166,27 +159,8 @@ def held_out_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def service(held_out_db: Path) -> Iterator[str]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "starttrace.service.server", "--port", str(port), "--db", str(held_out_db)]
-    log = held_out_db.parent / "service.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, env=_env(), cwd=str(held_out_db.parent), stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("service did not start: " + log.read_text(errors="replace")[-3000:])
-            time.sleep(0.2)
+    with serving(["--db", str(held_out_db)], held_out_db.parent / "service.log", _env(), held_out_db.parent) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def test_held_out_fleet_through_the_service_and_the_cli(service: str, held_out_db: Path) -> None:

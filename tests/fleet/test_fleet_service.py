@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from st_service_helpers import serving
 
 pytest.importorskip("chdb")
 
@@ -81,39 +81,15 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 LOG: list[Path] = []
 
 
 @pytest.fixture(scope="module")
 def service(ch_dir: Path) -> Iterator[str]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "starttrace.service.server", "--port", str(port), "--clickhouse", f"chdb:{ch_dir}"]
     log = ch_dir.parent / "service.log"
     LOG.append(log)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, env=_env(), cwd=str(REPO), stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("service did not start: " + log.read_text(errors="replace")[-3000:])
-            time.sleep(0.2)
+    with serving(["--clickhouse", f"chdb:{ch_dir}"], log, _env(), REPO) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def _fleet(url: str, **params: str) -> dict[str, Any]:
