@@ -6,7 +6,8 @@
 Each run starts `.venv/bin/vllm serve` (the console script; `--launcher module`:
 `python -m vllm.entrypoints.launchers.api_server.entry`, the same server without the CLI's imports)
 with the tiny offline model
-(`--enforce-eager --load-format dummy --dtype float32 --max-model-len 128`), polls /health every
+on vLLM's defaults, as the demo starts it (torch.compile on, the model's real safetensors shards;
+`--dtype float32 --max-model-len 128`; the compile cache the warm-up run filled), polls /health every
 0.1 s, records launch-to-first-200, and stops the server (and removes its vllm_dist_* files).
 Traced and untraced runs alternate (U T, then T U, ...) so that drift (page cache, thermal) hits
 both alike; `--warmup` untraced runs first are not counted. Prints every run, the medians and the
