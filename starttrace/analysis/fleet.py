@@ -23,6 +23,9 @@ from starttrace.analysis.start_kind import KIND_KEYS, fingerprint, kind_label, k
 from starttrace.run import Run
 
 FACTS_VERSION = 2  # 2: kind, fingerprint, time_to_first_token_s. Bump on a change: stores re-derive older rows
+# a busy loop (vLLM's worker and engine-core loops) runs on after ready: not a phase of the start
+# (its share before ready is `wait` in the breakdown, analysis/breakdown.py)
+BUSY_LOOP = "idle"
 QUANTILES = (0.5, 0.95)
 SLOWEST = 10
 REGRESSION_MIN_S = 0.01  # a p50 that grew less than this is noise, not a regression
@@ -111,7 +114,7 @@ def run_facts(run: Run, model: RunModel) -> dict[str, Any]:
         if lane.after_ready:
             continue
         for phase, ns in lane.phases.items():
-            if phase in STRUCTURAL_PHASES:
+            if phase in STRUCTURAL_PHASES or phase == BUSY_LOOP:
                 continue
             secs = ns / 1e9
             phases[phase] = max(phases.get(phase, 0.0), secs)

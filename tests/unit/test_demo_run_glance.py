@@ -105,3 +105,15 @@ def test_compare_sets_the_plan_against_the_warm_start(cold: RunModel, warm: RunM
 def test_report_reads_the_packed_run(tmp_path: Path) -> None:
     run_dir = demo_run_dir(tmp_path, "cold")
     assert (run_dir / "run.json").exists() and len(list(run_dir.glob("*.journal"))) >= 8
+
+
+def test_fleet_facts_leave_the_busy_loop_out(tmp_path: Path) -> None:
+    """The workers' busy loop (phase `idle`) runs on after ready: no fleet phase of the start."""
+    from starttrace.analysis.fleet import run_facts
+
+    run = read_run(demo_run_dir(tmp_path, "cold"))
+    model = build_model(run)
+    assert any("idle" in lane.phases for lane in model.lanes)  # the loop is there
+    facts = run_facts(run, model)
+    assert "idle" not in facts["phases"] and {"compile", "import"} <= set(facts["phases"])
+    assert not any(key.endswith("/idle") for key in facts["role_phases"])
