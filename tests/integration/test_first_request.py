@@ -108,7 +108,10 @@ def test_first_served_request_is_recorded_up_to_its_first_byte(tmp_path: Path) -
     (ready,) = spans_named(run, "ready")
     # the first body chunk left before the client read it, and the 0.3 s the stream still took came after
     assert ready.start_ns < request.start_ns < token.start_ns
-    assert abs(times["first_byte"] - token.start_ns) < 0.25e9  # the client's clock: the same host's
+    # the client's clock is the same host's: the byte left before the client had it, and the client
+    # (a thread of the same process, so it waits for the GIL on a loaded machine) had it soon after
+    assert token.start_ns <= times["first_byte"] + 0.01e9
+    assert times["first_byte"] - token.start_ns < 1.5e9  # the tolerance for vLLM
     assert request.end_ns - token.start_ns >= 0.3e9
 
     model = build_model(run)
