@@ -36,7 +36,6 @@ from starttrace.analysis.phases import merged_by, union_by
 from starttrace.analysis.trees import cut_cycles, depths
 from starttrace.run import SPAN_SCHEMA, Process, Run, int_or_none, spans_table
 
-MAX_DEPTH = 10_000  # bounded: guards parent cycles
 # a span's name and phase are shown everywhere (lanes, panels, labels of /metrics): bounded
 NAME_MAX = 1_000
 PHASE_MAX = 120

@@ -149,9 +149,12 @@ def test_compare_page_sets_the_plan_against_the_warm_start(service: str, tmp_pat
 
 
 def test_fleet_page_fits(service: str, tmp_path: Path) -> None:
+    # the page as a user sees it once both runs' facts are derived (before that it shows progress)
+    wait_for(lambda: httpx.get(f"{service}/fleet", headers={"accept": "application/json"}).json()["pending"] == 0, 120)
     with chromium_page(tmp_path / "profile", WIDTH, HEIGHT) as (page, errors):
         page.goto(f"{service}/fleet")
         page.wait_for_load_state("load")
         shot(page, tmp_path, "fleet")
+        assert page.locator("#fleet-groups tbody tr").count() == 1  # the demo's two runs, one version
         no_sideways_overflow(page)
         assert errors == []

@@ -112,7 +112,7 @@ def test_first_served_request_is_recorded_up_to_its_first_byte(tmp_path: Path) -
     # (a thread of the same process, so it waits for the GIL on a loaded machine) had it soon after
     assert token.start_ns <= times["first_byte"] + 0.01e9
     assert times["first_byte"] - token.start_ns < 1.5e9  # the tolerance for vLLM
-    assert request.end_ns - token.start_ns >= 0.3e9
+    assert request.end_ns - token.start_ns >= 0.29e9  # asyncio.sleep(0.3) may wake within its clock resolution
 
     model = build_model(run)
     assert model.time_to_first_token_s == round((token.start_ns - model.t0) / 1e9, 6)

@@ -19,7 +19,6 @@ from starttrace.analysis.trees import nearest_marked
 
 SEVERITIES = ("error", "warning", "info")
 RANK_ROLES = ("worker", "child")  # roles whose processes are ranks (the EngineCore is not one)
-MAX_DEPTH = 10_000  # bounded walks: guard parent cycles
 WAIT_NAMES = ("barrier", "all_reduce", "allreduce", "all_gather", "broadcast", "collective", "wait_for")
 
 
