@@ -39,8 +39,34 @@ from starttrace.demo.server import (
 )
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) the process tree under `pid` has used so far: the live
+    processes' own, plus what their reaped children used (compile helpers, g++)."""
+    import psutil
+
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return float("nan")
+    for proc in procs:
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
 def one_run(
-    model: Path, tp: int, traced: bool, workdir: Path, timeout: float, launcher: str = "serve"
+    model: Path,
+    tp: int,
+    traced: bool,
+    workdir: Path,
+    timeout: float,
+    launcher: str = "serve",
+    keep_logs: Path | None = None,
 ) -> dict[str, object]:
     journal_root = workdir / "runs"
     env = vllm_env(tp=tp, traced=traced, journal_root=journal_root)
@@ -49,9 +75,14 @@ def one_run(
     server = start_server(command, env, log_path=workdir / "server.log", cwd=workdir)
     try:
         ready = wait_ready(server, timeout=timeout)
+        cpu = tree_cpu_seconds(server.proc.pid)
     finally:
         stop_server(server)
-    result: dict[str, object] = {"traced": traced, "ready_s": round(ready, 3)}
+    result: dict[str, object] = {"traced": traced, "ready_s": round(ready, 3), "cpu_s": round(cpu, 3)}
+    if keep_logs is not None:
+        keep_logs.mkdir(parents=True, exist_ok=True)
+        name = f"{len(list(keep_logs.glob('*.log'))):02d}-{'traced' if traced else 'untraced'}.log"
+        shutil.copyfile(workdir / "server.log", keep_logs / name)
     if traced:
         from starttrace.sources.journal_reader import list_run_dirs, read_run
 
@@ -80,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         default="serve",
         help="serve: the vllm console script (default); module: python -m ...api_server.entry",
     )
+    parser.add_argument("--keep-logs", type=Path, help="copy each run's server log into this folder")
     args = parser.parse_args(argv)
 
     why_not = vllm_importable()
@@ -101,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         for index in range(args.runs):
             order = (False, True) if index % 2 == 0 else (True, False)
             for traced in order:
-                result = one_run(model, args.tp, traced, workdir, args.timeout, args.launcher)
+                result = one_run(model, args.tp, traced, workdir, args.timeout, args.launcher, args.keep_logs)
                 results.append(result)
                 extra = ""
                 if traced:
@@ -110,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
                         f" {result.get('processes')} processes, {result.get('spans')} spans)"
                     )
                 kind = "traced  " if traced else "untraced"
-                print(f"run {index + 1} {kind}: ready in {result['ready_s']:.2f} s{extra}", flush=True)
+                print(
+                    f"run {index + 1} {kind}: ready in {result['ready_s']:.2f} s,"
+                    f" tree CPU {result['cpu_s']:.2f} s{extra}",
+                    flush=True,
+                )
                 time.sleep(1)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -123,11 +159,15 @@ def main(argv: list[str] | None = None) -> int:
         "untraced_median_s": round(statistics.median(untraced), 3),
         "traced_median_s": round(statistics.median(traced_times), 3),
         "ratio_traced_untraced": round(statistics.median(traced_times) / statistics.median(untraced), 3),
+        "untraced_cpu_median_s": round(statistics.median(float(r["cpu_s"]) for r in results if not r["traced"]), 3),  # type: ignore[arg-type]
+        "traced_cpu_median_s": round(statistics.median(float(r["cpu_s"]) for r in results if r["traced"]), 3),  # type: ignore[arg-type]
         "runs": results,
     }
     print(
         f"median time to ready: untraced {summary['untraced_median_s']:.2f} s, traced "
-        f"{summary['traced_median_s']:.2f} s, ratio traced/untraced {summary['ratio_traced_untraced']:.3f}"
+        f"{summary['traced_median_s']:.2f} s, ratio traced/untraced {summary['ratio_traced_untraced']:.3f}; "
+        f"tree CPU at ready: untraced {summary['untraced_cpu_median_s']:.2f} s,"
+        f" traced {summary['traced_cpu_median_s']:.2f} s"
     )
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")

@@ -51,7 +51,7 @@ assert any(glob.glob(os.path.join(d, "starttrace.pth")) for d in site.getsitepac
 else
     cat > "$BOOT/sitecustomize.py" <<'PYEOF'
 import os, sys
-(os.environ.get("STARTTRACE") or os.environ.get("VLLM_STARTTRACE")) and __import__("starttrace.tracer.boot").tracer.boot.activate()
+(os.environ.get("STARTTRACE") or os.environ.get("VLLM_STARTTRACE")) and __import__("starttrace.tracer.activation").tracer.activation.activate()
 # run the sitecustomize this one shadows, if any
 here = os.path.dirname(os.path.abspath(__file__))
 for entry in sys.path:

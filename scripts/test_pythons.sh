@@ -29,6 +29,7 @@ TESTS=(
   tests/integration/test_crash.py
   tests/integration/test_journal_descriptors.py
   tests/integration/test_hotpath.py
+  tests/integration/test_light_activation.py
   tests/integration/test_concurrency.py
   tests/integration/test_footprint.py
   tests/integration/test_tree.py

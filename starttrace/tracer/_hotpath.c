@@ -317,31 +317,41 @@ emit(ImportHook *self, PyObject *writer, const Piece *pieces, int count)
     for (int i = 0; i < count; i++) {
         total += pieces[i].n;
     }
-    PyObject *put = writer_put(self, writer);
-    if (put == NULL) {
-        return -1;
-    }
-    if (PyCFunction_Check(put)) {
-        PyObject *owner = PyCFunction_GET_SELF(put);
-        if (owner != NULL && Py_TYPE(owner) == &SegmentType) {
-            Segment *seg = (Segment *)owner;
-            char *dst = segment_room(seg, total);
-            if (dst != NULL) {
-                for (int i = 0; i < count; i++) {
-                    if (pieces[i].n == 1) { /* the record's letter, a space, the newline: no call */
-                        *dst++ = *pieces[i].p;
-                        continue;
-                    }
-                    memcpy(dst, pieces[i].p, pieces[i].n);
-                    dst += pieces[i].n;
-                }
-                seg->pos += total;
-                Py_DECREF(put);
-                return 0;
+    /* the writer: activation.py's light case writes into its first Segment itself; the journal
+       writer (journal.py) has the current Segment's write as its `put` */
+    Segment *seg = NULL;
+    PyObject *put = NULL;
+    if (Py_TYPE(writer) == &SegmentType) {
+        seg = (Segment *)writer;
+    } else {
+        put = writer_put(self, writer);
+        if (put == NULL) {
+            return -1;
+        }
+        if (PyCFunction_Check(put)) {
+            PyObject *owner = PyCFunction_GET_SELF(put);
+            if (owner != NULL && Py_TYPE(owner) == &SegmentType) {
+                seg = (Segment *)owner;
             }
         }
     }
-    Py_DECREF(put);
+    if (seg != NULL) {
+        char *dst = segment_room(seg, total);
+        if (dst != NULL) {
+            for (int i = 0; i < count; i++) {
+                if (pieces[i].n == 1) { /* the record's letter, a space, the newline: no call */
+                    *dst++ = *pieces[i].p;
+                    continue;
+                }
+                memcpy(dst, pieces[i].p, pieces[i].n);
+                dst += pieces[i].n;
+            }
+            seg->pos += total;
+            Py_XDECREF(put);
+            return 0;
+        }
+    }
+    Py_XDECREF(put);
     char *joined = PyMem_Malloc(total ? total : 1);
     if (joined == NULL) {
         PyErr_NoMemory();
@@ -715,6 +725,50 @@ ImportHook_get_wrapped(ImportHook *self, void *closure)
     return wrapped;
 }
 
+/* rebind(recorder_globals, fallback, end_slow, end_failed, end_record, write_compact): activation.py's
+   light case built the hook over its own globals and trampolines; once the recorder and the import
+   probe are loaded (activation.adopt), the hook reads theirs. The stacks, held-back spans and
+   post-import hooks are the same objects (the recorder adopts them), read again all the same. */
+static PyObject *
+ImportHook_rebind(ImportHook *self, PyObject *args)
+{
+    PyObject *rec, *fallback, *end_slow, *end_failed, *end_record, *write_compact;
+    if (!PyArg_ParseTuple(args, "O!OOOOO:rebind", &PyDict_Type, &rec, &fallback, &end_slow, &end_failed, &end_record,
+                          &write_compact)) {
+        return NULL;
+    }
+    PyObject *stacks = PyDict_GetItemString(rec, "_stacks");
+    PyObject *pending = PyDict_GetItemString(rec, "pending");
+    PyObject *post_hooks = PyDict_GetItemString(rec, "_post_import_hooks");
+    if (stacks == NULL || pending == NULL || post_hooks == NULL || !PyDict_Check(stacks) || !PyDict_Check(pending) ||
+        !PyDict_Check(post_hooks)) {
+        PyErr_SetString(PyExc_TypeError, "recorder_globals: not the recorder's (no _stacks, pending, _post_import_hooks)");
+        return NULL;
+    }
+#define REPLACE(field, value) Py_INCREF(value); Py_XSETREF(self->field, value)
+    REPLACE(rec, rec);
+    REPLACE(stacks, stacks);
+    REPLACE(pending, pending);
+    REPLACE(post_hooks, post_hooks);
+    REPLACE(fallback, fallback);
+    REPLACE(end_slow, end_slow);
+    REPLACE(end_failed, end_failed);
+    REPLACE(end_record, end_record);
+    REPLACE(write_compact, write_compact);
+#undef REPLACE
+    Py_CLEAR(self->ident_key); /* a key of the stacks dict before: looked up again */
+    self->ident_is_key = 0;
+    Py_CLEAR(self->writer_type); /* the recorder's writer is of another class: its slot found again */
+    self->put_offset = 0;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef ImportHook_methods[] = {
+    {"rebind", (PyCFunction)ImportHook_rebind, METH_VARARGS,
+     "Read these recorder globals and call these helpers from now on (activation.adopt)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyGetSetDef ImportHook_getset[] = {
     {"__starttrace__", (getter)ImportHook_get_true, NULL, "Marks starttrace's import hook.", NULL},
     {"__wrapped__", (getter)ImportHook_get_wrapped, NULL, "importlib's _find_and_load.", NULL},
@@ -733,6 +787,7 @@ static PyTypeObject ImportHookType = {
     .tp_call = (ternaryfunc)ImportHook_call,
     .tp_vectorcall_offset = offsetof(ImportHook, vectorcall),
     .tp_getset = ImportHook_getset,
+    .tp_methods = ImportHook_methods,
 };
 
 /* ---- the module --------------------------------------------------------------------------- */

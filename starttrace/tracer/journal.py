@@ -1,6 +1,6 @@
 """Journal writer: one memory-mapped, segmented journal per process (hot path, stdlib only).
 
-The format is documented in docs/journal.md (version 2). A journal is a series of segment files
+The format is documented in docs/journal.md (version 3). A journal is a series of segment files
 `<base>.<n>.journal` (n = 0, 1, ...). Each segment is created by path, allocated in full
 (`posix_fallocate`, so a full disk is an error here, never a SIGBUS later), mapped shared, and
 its descriptor closed at once: a record is a memory copy into the mapping, not a system call, and
@@ -18,56 +18,30 @@ import os
 import sys
 from time import monotonic_ns
 
-FORMAT_VERSION = 3
-SEGMENT_SUFFIX = ".journal"
-FIRST_SEGMENT = 256 * 1024  # bytes; each next segment is twice the size of the one before ...
-MAX_SEGMENT = 8 * 1024 * 1024  # ... up to this (a record larger than that gets a segment of its own)
+from starttrace.tracer.activation import (
+    FIRST_SEGMENT,
+    FORMAT_VERSION,
+    SEGMENT_RESERVE,
+    SEGMENT_SUFFIX,
+    encode,
+    footprint,
+    quote,
+    segment_path,
+)
+
+__all__ = [
+    "FIRST_SEGMENT",
+    "FORMAT_VERSION",
+    "SEGMENT_SUFFIX",
+    "JournalWriter",
+    "encode",
+    "footprint",
+    "quote",
+    "segment_path",
+]
+
+MAX_SEGMENT = 8 * 1024 * 1024  # each next segment is twice the size of the one before, up to this
 _PAGE = 4096
-
-# Modules starttrace loaded for itself and removed from sys.modules again: name -> ns the load
-# took (None: not measured). Written into the process record (docs/journal.md, "footprint").
-footprint: dict = {}
-
-_ESCAPES = {i: f"\\u{i:04x}" for i in range(32)}
-_ESCAPES[ord('"')] = '\\"'
-_ESCAPES[ord("\\")] = "\\\\"
-_ESCAPES[0x7F] = "\\u007f"
-
-
-def quote(text: str) -> str:
-    if text.isprintable() and '"' not in text and "\\" not in text:
-        return '"' + text + '"'  # the common case (module names, paths): 5x faster than translate
-    return '"' + text.translate(_ESCAPES) + '"'
-
-
-def encode(value: object) -> str:
-    """Encode a JSON value (str, int, float, bool, None, list, tuple, dict); others as str."""
-    kind = type(value)
-    if kind is str:
-        return quote(value)  # type: ignore[arg-type]
-    if kind is bool:
-        return "true" if value else "false"
-    if kind is int:
-        return str(value)
-    if kind is float:
-        if value != value or value in (float("inf"), float("-inf")):
-            return quote(repr(value))
-        return repr(value)
-    if value is None:
-        return "null"
-    if kind is list or kind is tuple:
-        return "[" + ",".join([encode(item) for item in value]) + "]"  # type: ignore[attr-defined]
-    if kind is dict:
-        return (
-            "{"
-            + ",".join([quote(str(k)) + ":" + encode(v) for k, v in value.items()])  # type: ignore[attr-defined]
-            + "}"
-        )
-    return quote(str(value))
-
-
-def segment_path(base: str, number: int) -> str:
-    return f"{base}.{number}{SEGMENT_SUFFIX}"
 
 
 class JournalWriter:
@@ -83,9 +57,23 @@ class JournalWriter:
     the journal ends, should the next segment fail (a full disk).
     """
 
-    RESERVE = 1024
+    RESERVE = SEGMENT_RESERVE
 
     __slots__ = ("_lock", "base", "failed", "number", "put", "size")
+
+    @classmethod
+    def adopt(cls, base: str, size: int, put: object) -> "JournalWriter":
+        """The writer of segment 0 that activation.py's light case opened (`put` its Segment's write)."""
+        from _thread import allocate_lock
+
+        writer = cls.__new__(cls)
+        writer.base = base
+        writer.failed = None
+        writer.number = 0
+        writer.size = size
+        writer.put = put
+        writer._lock = allocate_lock()
+        return writer
 
     def __init__(self, base: str, first_size: int = FIRST_SEGMENT) -> None:
         """Create segment 0 of the journal `base` (raises OSError: the caller reports it)."""
@@ -261,6 +249,6 @@ def _load_mmap():  # type: ignore[no-untyped-def]
 _mmap = None
 
 
-# The C core of the hot path (starttrace/tracer/_hotpath.c) once boot chose it at activation
-# (`boot._load_hotpath`); None: the Python code writes the same records (mmap.write).
+# The C core of the hot path (starttrace/tracer/_hotpath.c) once activation chose it
+# (`boot._load_hotpath`, or activation.py's light case); None: the Python code writes the same records (mmap.write).
 hotpath = None

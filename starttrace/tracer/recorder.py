@@ -14,6 +14,7 @@ import sys
 from _thread import allocate_lock, get_ident
 from time import monotonic_ns
 
+from starttrace.tracer.activation import recorder_imported
 from starttrace.tracer.journal import JournalWriter, encode, quote
 
 TYPE_CHECKING = False  # `typing` is not imported at run time: see the module docstring
@@ -100,6 +101,31 @@ def attach(writer: JournalWriter, process_span: str) -> None:
     process_span_id = process_span
     _main_ident = get_ident()
     plain_ident = -1 if min_span_ns else _main_ident
+
+
+def adopt(
+    writer: JournalWriter,
+    process_span: str,
+    main_ident: int,
+    stacks: "dict[int, list[str]]",
+    held: "dict[str, tuple[str, int]]",
+    post_import_hooks: "dict[str, list[Callable[[Any], None]]]",
+    attrs: "Attrs",
+) -> None:
+    """Take this process over from activation.py's light case: its journal, the stacks and hooks
+    the C import hook holds, and the process attributes written so far."""
+    global _writer, process_span_id, _main_ident, plain_ident, _stacks, pending, _post_import_hooks, process_attrs
+    global to_stderr
+    _writer = writer
+    process_span_id = process_span
+    _main_ident = plain_ident = main_ident
+    _stacks = stacks
+    pending = held
+    _post_import_hooks = post_import_hooks
+    process_attrs = attrs
+    from starttrace.tracer.activation import state
+
+    to_stderr = state.is_root
 
 
 def set_min_span_ns(ns: int) -> None:
@@ -346,3 +372,6 @@ def run_hook(hook: "Callable[[Any], None]", module: "Any") -> None:
     except Exception as exc:  # a probe must never break the traced program
         name = getattr(hook, "__qualname__", repr(hook))
         report(f"probe {name} failed: {type(exc).__name__}: {exc}", key=f"hook:{name}")
+
+
+recorder_imported()  # a light process (activation.py) whose program imported the recorder: it takes over

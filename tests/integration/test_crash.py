@@ -266,7 +266,7 @@ def test_process_record_lists_preloaded_modules(tmp_path: Path) -> None:
     assert done.returncode == 0
     run = only_run(tmp_path / "runs")
     process: Process = run.processes[0]
-    assert "sys" in process.preloaded and "starttrace.tracer.boot" in process.preloaded
+    assert "sys" in process.preloaded and "starttrace.tracer.activation" in process.preloaded
     assert "colorsys" not in process.preloaded
     imports = [s.name for s in spans_of(run, process) if s.attrs.get("starttrace.phase") == "import"]
     # 3.13's `python -c` imports linecache before the command runs (to show its source in tracebacks)

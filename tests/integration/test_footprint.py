@@ -35,7 +35,7 @@ def test_activation_adds_no_module_but_its_own(
 ) -> None:
     untraced = _modules_at_start(venv_python, clean_env())
     traced = _modules_at_start(venv_python, traced_env)
-    assert "starttrace.tracer.boot" in traced
+    assert "starttrace.tracer.activation" in traced
     assert {m for m in traced - untraced if m != "starttrace" and not m.startswith("starttrace.")} == set()
     assert untraced - traced == set()
     for name in ("__future__", "atexit", "mmap", "typing", "json", "threading"):

@@ -25,7 +25,8 @@ PROGRAM = textwrap.dedent(
 
     def child(queue):
         mod = sys.modules.get("starttrace")
-        queue.put({"starttrace": getattr(mod, "__file__", None), "boot": "starttrace.tracer.boot" in sys.modules})
+        activated = "starttrace.tracer.activation" in sys.modules
+        queue.put({"starttrace": getattr(mod, "__file__", None), "activated": activated})
 
     if __name__ == "__main__":
         ctx = multiprocessing.get_context("spawn")
@@ -63,6 +64,7 @@ def test_wheel_installs_pth_and_traces_spawn_children(
         assert "starttrace.pth" in names, "the .pth must sit at the top level of the wheel (-> site-packages)"
         assert archive.read("starttrace.pth") == (REPO / "starttrace.pth").read_bytes()
         for module in (
+            "activation.py",
             "boot.py",
             "lifecycle.py",
             "recorder.py",
@@ -118,7 +120,7 @@ def test_wheel_installs_pth_and_traces_spawn_children(
     for where in (result["parent"], result["child"]["starttrace"]):
         assert where is not None and Path(where).resolve().is_relative_to(site_packages.resolve()), where
         assert not Path(where).resolve().is_relative_to(REPO)
-    assert result["child"]["boot"] is True
+    assert result["child"]["activated"] is True
 
     run_dir = only_run_dir(root)
     records = {}

@@ -20,7 +20,9 @@ from run_spans import named, spans_of
 
 from starttrace.sources.journal_reader import Process, Run, read_run
 from starttrace.tracer import recorder
-from starttrace.tracer.probes import LAZY_PROBES
+from starttrace.tracer.probes import LAZY_PROBES, PROBE_HELPERS
+
+PROBES_DIR = Path(__file__).resolve().parents[2] / "starttrace" / "tracer" / "probes"
 
 
 @pytest.mark.parametrize("probe", sorted(LAZY_PROBES))
@@ -32,6 +34,27 @@ def test_lazy_triggers_are_the_modules_the_probe_hooks(probe: str, monkeypatch: 
     monkeypatch.setattr(os, "register_at_fork", lambda **kwargs: None)
     importlib.import_module(probe).install()
     assert sorted(set(hooked)) == sorted(LAZY_PROBES[probe])
+
+
+@pytest.mark.parametrize("probe", sorted(LAZY_PROBES))
+def test_a_lazy_probe_loads_its_helpers_first(probe: str) -> None:
+    """Every probe module a lazy probe imports loads before it, past the import probe (_wrap for
+    all, PROBE_HELPERS for the rest): else its import would be recorded as the program's."""
+    import ast
+
+    tree = ast.parse((PROBES_DIR / (probe.rsplit(".", 1)[-1] + ".py")).read_text(encoding="utf-8"))
+    imported: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("starttrace.tracer.probes"):
+            if node.module == "starttrace.tracer.probes":  # modules of the package, not its functions
+                names = [a.name for a in node.names if (PROBES_DIR / f"{a.name}.py").exists()]
+                imported.update(f"{node.module}.{name}" for name in names)
+            else:
+                imported.add(node.module)
+        elif isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names if a.name.startswith("starttrace.tracer.probes."))
+    imported.discard("starttrace.tracer.probes.imports")  # loaded with the recorder, before any probe
+    assert imported <= {"starttrace.tracer.probes._wrap", *PROBE_HELPERS.get(probe, ())}, imported
 
 
 def _traced(
@@ -59,7 +82,9 @@ print(json.dumps({{"loaded": sorted(m for m in sys.modules if m.startswith("star
 
 def test_a_plain_program_loads_no_library_probe(tmp_path: Path) -> None:
     out, _run, process = _traced(tmp_path, PROBED.format(imports="import json", check="None"))
-    assert out["loaded"] == ["starttrace.tracer.probes.imports"]
+    # with the C core, activation's light case: the C import hook records without the probe's module
+    light = process.record["hotpath"] == "c"
+    assert out["loaded"] == ([] if light else ["starttrace.tracer.probes.imports"])
     # the multiprocessing probe's hooks wait for its modules as before: named installed all the same
     assert process.resource["starttrace.probes.installed"] == ["imports", "multiprocessing"]
 

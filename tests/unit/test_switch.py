@@ -15,7 +15,7 @@ from run_spans import named, spans_of
 from starttrace.sources.journal_files import journal_files
 from starttrace.sources.journal_reader import read_run
 
-PROBE = "import sys; print('starttrace.tracer.boot' in sys.modules, 'starttrace' in sys.modules)"
+PROBE = "import sys; print('starttrace.tracer.activation' in sys.modules, 'starttrace' in sys.modules)"
 
 
 def _python(

@@ -12,69 +12,16 @@ as installed from activation all the same (`HOOKED_AT_ACTIVATION`): its hooks ar
 import os
 import sys
 
-from starttrace.tracer import lifecycle, recorder
+from starttrace.tracer import journal, lifecycle, recorder
+from starttrace.tracer.activation import EAGER_WHEN_ARGV, EAGER_WHEN_ENV, INSTALLED_AT_ACTIVATION, LAZY_PROBES
+
+__all__ = ["EAGER_WHEN_ARGV", "EAGER_WHEN_ENV", "LAZY_PROBES"]
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 PROBES = ("starttrace.tracer.probes.imports",)
-
-# probe -> the modules its install() hooks (tests/unit/test_lazy_probes.py keeps them equal)
-LAZY_PROBES: "dict[str, tuple[str, ...]]" = {
-    "starttrace.tracer.probes.multiprocessing": (
-        "multiprocessing.process",
-        "multiprocessing.forkserver",
-        "multiprocessing.resource_tracker",
-        "subprocess",
-    ),
-    "starttrace.tracer.probes.torch": ("torch.cuda", "torch.distributed", "torch.accelerator"),
-    "starttrace.tracer.probes.compile": ("torch._dynamo.utils",),
-    "starttrace.tracer.probes.weights": ("safetensors", "safetensors.torch", "huggingface_hub.file_download"),
-    # torch.load's hook apart: `import torch` imports torch.serialization, so it loads with every torch
-    "starttrace.tracer.probes.torch_load": ("torch.serialization",),
-    "starttrace.tracer.probes.vllm": (
-        "vllm.tracing",
-        "vllm.engine.arg_utils",
-        "vllm.entrypoints.launchers.launcher",
-        "vllm.entrypoints.launchers.app",
-        "vllm.entrypoints.launchers.api_server.app_state",
-        "vllm.v1.engine.async_llm",
-        "vllm.v1.engine.llm_engine",
-        "vllm.v1.engine.utils",
-        "vllm.v1.engine.core",
-        "vllm.v1.executor.abstract",
-        "vllm.v1.executor.multiproc_executor",
-        "vllm.v1.worker.worker_base",
-        "vllm.v1.worker.startup_plan",
-        "vllm.distributed.parallel_state",
-        "vllm.compilation.backends",
-        "vllm.compilation.decorators",
-        "vllm.model_executor.model_loader.weight_utils",
-        "vllm.distributed.device_communicators.pynccl",
-        "vllm.distributed.device_communicators.custom_all_reduce",
-        "vllm.distributed.device_communicators.all_reduce_utils",
-        "vllm.distributed.device_communicators.cuda_communicator",
-        "vllm.distributed.device_communicators.cpu_communicator",
-        "vllm.entrypoints.openai.completion.serving",
-        "vllm.entrypoints.openai.chat_completion.serving",
-        "vllm.v1.engine.output_processor",
-        "vllm.v1.core.sched.scheduler",
-    ),
-    "starttrace.tracer.probes.tokenizer": (
-        "transformers.tokenization_utils_base",
-        "transformers.models.auto.tokenization_auto",
-    ),
-    "starttrace.tracer.probes.servers": ("uvicorn.server",),
-}
-# probe -> words of the command line that load it at activation
-EAGER_WHEN_ARGV: "dict[str, tuple[str, ...]]" = {
-    "starttrace.tracer.probes.vllm": ("vllm", "all_reduce_utils", "resource_tracker"),
-}
-# probe -> environment variables that load it at activation (when set and not blank)
-EAGER_WHEN_ENV: "dict[str, tuple[str, ...]]" = {
-    "starttrace.tracer.probes.multiprocessing": ("STARTTRACE_FORKSERVER_PRELOAD",),
-}
 # lazy probes named installed from activation on (`starttrace.probes.installed`), as when they
 # loaded at activation: their install() only hooks modules, which their lazy loader hooks alike
 HOOKED_AT_ACTIVATION = ("starttrace.tracer.probes.multiprocessing",)
@@ -115,6 +62,30 @@ def load_all() -> "list[Any]":
             modules.append(module)
             lifecycle.loaded_probes[_short_name(name)] = module
     return modules
+
+
+def take_over(
+    light: "dict[str, Any]",
+    segment: "Any",
+    process_span: str,
+    main_ident: int,
+    stacks: "dict[int, list[str]]",
+    held: "dict[str, tuple[str, int]]",
+    post_import_hooks: "dict[str, list[Any]]",
+    attrs: "dict[str, Any]",
+) -> "tuple[Any, Any]":
+    """(recorder, import probe): they take this process over from activation.py's light case,
+    with its journal segment, the stacks and hooks its C import hook holds, and the process
+    attributes written so far (activation._adopt; the probes it hooked load as ever)."""
+    from starttrace.tracer.probes import imports
+
+    journal.hotpath = light["hotpath"]
+    writer = journal.JournalWriter.adopt(light["base"], light["size"], segment.write)
+    recorder.adopt(writer, process_span, main_ident, stacks, held, post_import_hooks, attrs)
+    _installed[:] = INSTALLED_AT_ACTIVATION
+    lifecycle.loaded_probes[_short_name(imports.__name__)] = imports
+    imports.adopt(light["original"], light["hook"])
+    return recorder, imports
 
 
 def install_all(modules: "list[Any]") -> None:
@@ -165,10 +136,18 @@ def _lazy_loader(name: str) -> "Any":
     return load
 
 
+# The probes' helpers, loaded before a probe that imports them (tests/unit/test_lazy_probes.py
+# keeps this in step with the probes' imports): every probe imports _wrap but torch_load.
+PROBE_HELPERS: "dict[str, tuple[str, ...]]" = {
+    "starttrace.tracer.probes.vllm": ("starttrace.tracer.probes.first_request",),
+    "starttrace.tracer.probes.servers": ("starttrace.tracer.probes.first_request",),
+}
+
+
 def _import_unrecorded(name: str) -> "Any":
     """Import probe `name` (and the helpers it imports) past the import probe: starttrace's own
     modules are not the program's imports, whose spans this runs inside."""
-    for module in ("starttrace.tracer.probes._wrap", "starttrace.tracer.probes.first_request", name):
+    for module in ("starttrace.tracer.probes._wrap", *PROBE_HELPERS.get(name, ()), name):
         import_unrecorded(module)
     return sys.modules[name]
 

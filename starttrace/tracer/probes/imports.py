@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 _original: "Callable[[str, Any], Any] | None" = None
+_python_wrapper: "Callable[[str, Any], Any] | None" = None  # what the C hook hands other imports to
 
 
 def install() -> None:
@@ -51,9 +52,20 @@ def install() -> None:
     bootstrap._find_and_load = _c_wrapper(_original, wrapper) or wrapper
 
 
+def adopt(original: "Callable[[str, Any], Any]", hook: "Any") -> None:
+    """activation.py's light case installed the C hook, with trampolines that loaded this module:
+    hand the hook this module's helpers and the recorder's globals from now on."""
+    global _original, _python_wrapper
+    _original = original
+    _python_wrapper = _make_wrapper(original, __import__)
+    hook.rebind(vars(recorder), _python_wrapper, _end_slow, _end_failed, _end_record, _write_compact)
+
+
 def _c_wrapper(original: "Callable[[str, Any], Any]", wrapper: "Callable[[str, Any], Any]") -> "Any":
     """The C copy of the wrapper's common case (starttrace/tracer/_hotpath.c), handing it everything
     else; None where the C core is not built or STARTTRACE_PURE_PYTHON=1."""
+    global _python_wrapper
+    _python_wrapper = wrapper
     if journal.hotpath is None:
         return None
     return journal.hotpath.ImportHook(
