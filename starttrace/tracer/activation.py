@@ -252,8 +252,7 @@ def process_start_monotonic(pid: "int | str" = "self") -> "tuple[int, bytes] | N
     """(monotonic ns of the process's creation, its state letter) from /proc/<pid>/stat, which
     counts clock ticks since boot; None when there is no such process (or no /proc)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
+        stat = _read_file(f"/proc/{pid}/stat", 4096)
         fields = stat[stat.rindex(b")") + 2 :].split()
         start_ticks = int(fields[19])
         import time as _time  # a builtin module
@@ -341,8 +340,13 @@ def new_run(now: int, environ: "MutableMapping[str, str]", root_span: str, job: 
         "created_epoch_ns": time_ns(),
         "service": service_name(),
     }
-    with open(os.path.join(state.run_dir, "run.json"), "w", encoding="utf-8") as handle:
-        handle.write(encode(meta) + "\n")
+    data = (encode(meta) + "\n").encode("utf-8", "backslashreplace")
+    fd = os.open(os.path.join(state.run_dir, "run.json"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
 
 
 def remove_run_dir() -> None:
@@ -474,10 +478,18 @@ def auto_export_endpoint(environ: "Mapping[str, str] | None" = None) -> "str | N
 # is read off the hot path (`starttrace.clocksync`, started by `record_clock_later`).
 
 
+def _read_file(path: str, limit: int) -> bytes:
+    """The first `limit` bytes of a small file (raises OSError): no buffered file object."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, limit)
+    finally:
+        os.close(fd)
+
+
 def _read(path: str) -> str:
     try:
-        with open(path, "rb") as handle:
-            return handle.read(200).decode("ascii", "replace").strip()
+        return _read_file(path, 200).decode("ascii", "replace").strip()
     except OSError:
         return ""
 
@@ -790,9 +802,25 @@ def activate() -> None:
             return
         if _light_case(environ, getattr(sys, "orig_argv", sys.argv)) and _activate_light():
             return
-    except Exception:
-        pass
-    __import__(FULL_ACTIVATION, fromlist=["_"]).activate_in_python()
+    except Exception as exc:
+        if _writer is not None:  # the light case had begun its journal: no second activation on top
+            _light_failed(exc)
+            return
+    try:
+        __import__(FULL_ACTIVATION, fromlist=["_"]).activate_in_python()
+    except Exception as exc:
+        os.write(2, f"starttrace: tracing is off: {type(exc).__name__}: {exc}\n".encode("utf-8", "replace"))
+
+
+def _light_failed(exc: BaseException) -> None:
+    """The light case failed half-way (a bug: nothing the program does gets here): said once, and
+    this process and its children stay untraced."""
+    global _writer
+    _writer = None  # the C hook, if installed, passes every import through; the exit hooks end nothing
+    message = f"tracing is off: {type(exc).__name__}: {exc}"
+    os.environ[ENV_DISABLED] = message
+    if state.is_root:
+        os.write(2, f"starttrace: {message} (pid {os.getpid()})\n".encode("utf-8", "replace"))
 
 
 def _activate_light() -> bool:
@@ -810,30 +838,16 @@ def _activate_light() -> bool:
     state.activated = now
     state.anchor_mono, state.anchor_epoch = monotonic_ns(), time_ns()
     requested = environ.get(ENV_NEW_RUN_ID)
-    if not inherit_run(environ):
-        try:
-            new_run(now, environ, _new_span_id(), None)
-        except OSError:
-            _undo(requested)
-            return False
-    parent_span, launch_pid, created = place_in_tree(environ, now)
-    atexit = load_atexit()
-    hide_footprint(before)
-    state.instance_id = os.urandom(4).hex()
-    base = os.path.join(state.run_dir, f"{os.getpid()}-{state.instance_id}")
-    path = segment_path(base, 0)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            os.posix_fallocate(fd, 0, FIRST_SEGMENT)
-            segment = _hotpath.map_segment(fd, FIRST_SEGMENT - SEGMENT_RESERVE)
-        finally:
-            os.close(fd)
-    except OSError:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+        if not inherit_run(environ):
+            new_run(now, environ, _new_span_id(), None)
+        parent_span, launch_pid, created = place_in_tree(environ, now)
+        atexit = load_atexit()
+        hide_footprint(before)
+        state.instance_id = os.urandom(4).hex()
+        base = os.path.join(state.run_dir, f"{os.getpid()}-{state.instance_id}")
+        segment = _open_first_segment(_hotpath, segment_path(base, 0))
+    except Exception:
         _undo(requested)
         return False
     _light.update(base=base, size=FIRST_SEGMENT, hotpath=_hotpath)
@@ -867,15 +881,31 @@ def _activate_light() -> bool:
     if not getattr(sys.exit, "__starttrace__", False):
         sys.exit = make_sys_exit_wrapper(sys.exit)
     _install_import_hook(_hotpath)
+    _write_light(_attrs_line({"starttrace.probes.installed": list(INSTALLED_AT_ACTIVATION)}))
     for name, targets in LAZY_PROBES.items():
         load = _lazy_probe(name)
         for target in targets:
-            if target in sys.modules:
+            if target in sys.modules:  # imported before activation (a sitecustomize): loaded now
                 _run_hook(load, sys.modules[target])
             else:
                 _post_import_hooks.setdefault(target, []).append(load)
-    _write_light(_attrs_line({"starttrace.probes.installed": list(INSTALLED_AT_ACTIVATION)}))
     return True
+
+
+def _open_first_segment(hotpath: Any, path: str) -> Any:
+    """Segment 0 of this process's journal, mapped by the C core (journal.py has the rest)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, FIRST_SEGMENT)  # a full disk fails here, not as SIGBUS later
+        return hotpath.map_segment(fd, FIRST_SEGMENT - SEGMENT_RESERVE)
+    except BaseException:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(fd)
 
 
 def _undo(requested: "str | None") -> None:
