@@ -31,7 +31,8 @@ else:  # annotations are evaluated at run time here
 
 FORMAT_VERSION = 3  # of the journal (docs/journal.md)
 SEGMENT_SUFFIX = ".journal"
-FIRST_SEGMENT = 256 * 1024  # bytes of a journal's first segment (journal.py has the rest)
+FIRST_SEGMENT = 256 * 1024  # bytes; each next segment is twice the size of the one before ...
+MAX_SEGMENT = 8 * 1024 * 1024  # ... up to this (a record larger than that gets a segment of its own)
 SEGMENT_RESERVE = 1024  # a segment's last bytes, kept for the `warn` record that ends a failed journal
 
 SWITCH_VARS = ("STARTTRACE", "VLLM_STARTTRACE")
@@ -731,7 +732,7 @@ def _new_span_id() -> str:
 
 
 def _write_light(line: str) -> None:
-    segment = _writer  # the first segment, a _hotpath.Segment: the C hook writes into it too
+    segment = _writer  # a _hotpath.Segment: the C hook writes into it too
     if segment is None:
         return
     try:
@@ -740,8 +741,25 @@ def _write_light(line: str) -> None:
         data = line.encode("utf-8", "backslashreplace")
     try:
         segment.write(data)
-    except ValueError:  # the segment is full: the journal writer opens the next
-        _adopt()[0].write_encoded(data)
+    except ValueError:  # the segment is full
+        if not _next_segment(data):
+            _adopt()[0].write_encoded(data)  # the journal writer says why there is no next one
+
+
+def _next_segment(data: bytes) -> bool:
+    """Open the journal's next segment (sized as journal.JournalWriter.overflow sizes it) and write
+    `data` there; False where it cannot be opened (a full disk: the journal writer reports it)."""
+    global _writer
+    number = _light["number"] + 1
+    size = max(min(_light["size"] * 2, MAX_SEGMENT), (len(data) + SEGMENT_RESERVE + 4096) // 4096 * 4096)
+    try:
+        segment = _open_segment(_light["hotpath"], segment_path(_light["base"], number), size)
+    except OSError:
+        return False
+    _light.update(number=number, size=size)
+    _writer = segment
+    segment.write(data)
+    return True
 
 
 def _end_line(span_id: str, attrs: "dict[str, Any]") -> str:
@@ -846,11 +864,11 @@ def _activate_light() -> bool:
         hide_footprint(before)
         state.instance_id = os.urandom(4).hex()
         base = os.path.join(state.run_dir, f"{os.getpid()}-{state.instance_id}")
-        segment = _open_first_segment(_hotpath, segment_path(base, 0))
+        segment = _open_segment(_hotpath, segment_path(base, 0), FIRST_SEGMENT)
     except Exception:
         _undo(requested)
         return False
-    _light.update(base=base, size=FIRST_SEGMENT, hotpath=_hotpath)
+    _light.update(base=base, number=0, size=FIRST_SEGMENT, hotpath=_hotpath)
     span_id = _new_span_id()
     process_span_id = span_id
     _main_ident = plain_ident = get_ident()
@@ -892,12 +910,12 @@ def _activate_light() -> bool:
     return True
 
 
-def _open_first_segment(hotpath: Any, path: str) -> Any:
-    """Segment 0 of this process's journal, mapped by the C core (journal.py has the rest)."""
+def _open_segment(hotpath: Any, path: str, size: int) -> Any:
+    """A new journal segment of `size` bytes, mapped by the C core (journal.py has the format)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        os.posix_fallocate(fd, 0, FIRST_SEGMENT)  # a full disk fails here, not as SIGBUS later
-        return hotpath.map_segment(fd, FIRST_SEGMENT - SEGMENT_RESERVE)
+        os.posix_fallocate(fd, 0, size)  # a full disk fails here, not as SIGBUS later
+        return hotpath.map_segment(fd, size - SEGMENT_RESERVE)
     except BaseException:
         try:
             os.unlink(path)
@@ -966,8 +984,16 @@ def _end_record(*args: Any) -> Any:
     return _imports_probe()._end_record(*args)
 
 
-def _write_compact(*args: Any) -> Any:
-    return _imports_probe()._write_compact(*args)
+def _write_compact(line: str) -> None:
+    """A record the C hook could not copy: the segment is full (or a name needs JSON escapes)."""
+    if _python_recorder is None and _writer is not None:
+        try:
+            data = line.encode()
+        except UnicodeEncodeError:
+            data = b""  # lone surrogates: the import probe writes the equivalent JSON record
+        if data and _next_segment(data):
+            return
+    _imports_probe()._write_compact(line)
 
 
 def _imports_probe() -> Any:

@@ -21,6 +21,7 @@ from time import monotonic_ns
 from starttrace.tracer.activation import (
     FIRST_SEGMENT,
     FORMAT_VERSION,
+    MAX_SEGMENT,
     SEGMENT_RESERVE,
     SEGMENT_SUFFIX,
     encode,
@@ -32,6 +33,7 @@ from starttrace.tracer.activation import (
 __all__ = [
     "FIRST_SEGMENT",
     "FORMAT_VERSION",
+    "MAX_SEGMENT",
     "SEGMENT_SUFFIX",
     "JournalWriter",
     "encode",
@@ -40,7 +42,6 @@ __all__ = [
     "segment_path",
 ]
 
-MAX_SEGMENT = 8 * 1024 * 1024  # each next segment is twice the size of the one before, up to this
 _PAGE = 4096
 
 
@@ -62,14 +63,15 @@ class JournalWriter:
     __slots__ = ("_lock", "base", "failed", "number", "put", "size")
 
     @classmethod
-    def adopt(cls, base: str, size: int, put: object) -> "JournalWriter":
-        """The writer of segment 0 that activation.py's light case opened (`put` its Segment's write)."""
+    def adopt(cls, base: str, number: int, size: int, put: object) -> "JournalWriter":
+        """The writer of the journal activation.py's light case opened (`put`: its current
+        segment's write)."""
         from _thread import allocate_lock
 
         writer = cls.__new__(cls)
         writer.base = base
         writer.failed = None
-        writer.number = 0
+        writer.number = number
         writer.size = size
         writer.put = put
         writer._lock = allocate_lock()

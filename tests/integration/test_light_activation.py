@@ -166,21 +166,30 @@ def test_the_recorder_takes_over_where_it_is_needed(
     assert process_span.end_ns is not None
 
 
-def test_a_full_segment_hands_over_and_loses_no_record(
+def test_a_full_segment_goes_on_into_the_next_one_and_loses_no_record(
     c_core: None, venv_python: str, clean_env: Callable[..., dict[str, str]], tmp_path: Path
 ) -> None:
+    """The light case opens the journal's next segments itself (sized as the journal writer sizes
+    them): an import-heavy program without a probe's library stays light."""
     mods = tmp_path / "mods"
     mods.mkdir()
-    count = 2500  # ~2 x 130 bytes each: more than the first 256 KiB segment holds
+    count = 5000  # ~2 x 130 bytes each: more than the first two segments (256 + 512 KiB) hold
     for i in range(count):
         (mods / f"m_{i}.py").write_text("")
-    program = "import sys\nsys.path.insert(0, sys.argv[1])\nfor i in range(%d):\n    __import__('m_%%d' %% i)\n"
-    (_, run) = _run(venv_python, clean_env(), tmp_path / "runs", "-c", program % count, str(mods))
+    program = (
+        "import json, sys\nsys.path.insert(0, sys.argv[1])\nfor i in range(%d):\n    __import__('m_%%d' %% i)\n"
+        "print(json.dumps({'loaded': sorted(m for m in sys.modules if m.startswith('starttrace'))}))\n"
+    )
+    ((out,), run) = _run(venv_python, clean_env(), tmp_path / "runs", "-c", program % count, str(mods))
+    assert out["loaded"] == LIGHT_MODULES
     (root,) = run.processes
+    assert run.problems == []
     names = [s.name for s in spans_of(run, root)]
     assert all(names.count(f"import m_{i}") == 1 for i in range(count))
     assert root.journal_path is not None
-    assert len(list(root.journal_path.parent.glob(f"{root.pid}-*.journal"))) >= 2
+    segments = sorted(root.journal_path.parent.glob(f"{root.pid}-*.journal"))
+    assert len(segments) >= 3
+    assert [p.stat().st_size for p in segments[:3]] == [256 * 1024, 512 * 1024, 1024 * 1024]
     (process_span,) = named(run, root, "process")
     assert process_span.end_ns is not None
 

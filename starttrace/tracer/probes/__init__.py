@@ -80,7 +80,7 @@ def take_over(
     from starttrace.tracer.probes import imports
 
     journal.hotpath = light["hotpath"]
-    writer = journal.JournalWriter.adopt(light["base"], light["size"], segment.write)
+    writer = journal.JournalWriter.adopt(light["base"], light["number"], light["size"], segment.write)
     recorder.adopt(writer, process_span, main_ident, stacks, held, post_import_hooks, attrs)
     _installed[:] = INSTALLED_AT_ACTIVATION
     lifecycle.loaded_probes[_short_name(imports.__name__)] = imports
