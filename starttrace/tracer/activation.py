@@ -716,12 +716,12 @@ _block = 0
 
 
 def refill_span_ids() -> str:
-    """The recorder's span ids (recorder.py has the scheme): the next block of 256, each formatted
-    when drawn (a light process draws a few before the recorder takes over, if it ever does)."""
+    """The recorder's span ids (recorder.py has the scheme): the next block of 256, made by the C
+    core (the light case has it)."""
     global span_ids, _block
     if not _block:
         _block = int.from_bytes(os.urandom(7), "little") % ((1 << 56) - (1 << 32)) + 1
-    span_ids = map(("%014x%%02x" % _block).__mod__, range(256))
+    span_ids = iter(_light["hotpath"].span_id_block(_block))
     _block += 1
     return next(span_ids)
 
@@ -849,6 +849,7 @@ def _activate_light() -> bool:
         from starttrace.tracer import _hotpath  # type: ignore[attr-defined]
     except ImportError:
         return False
+    _light["hotpath"] = _hotpath
     before = set(sys.modules)
     environ = os.environ
     now = monotonic_ns()
@@ -868,7 +869,7 @@ def _activate_light() -> bool:
     except Exception:
         _undo(requested)
         return False
-    _light.update(base=base, number=0, size=FIRST_SEGMENT, hotpath=_hotpath)
+    _light.update(base=base, number=0, size=FIRST_SEGMENT)
     span_id = _new_span_id()
     process_span_id = span_id
     _main_ident = plain_ident = get_ident()

@@ -209,3 +209,22 @@ def test_a_light_root_on_a_read_only_folder_says_why_once(
     assert done.returncode == 0 and done.stdout == "ran\n"
     said = [line for line in done.stderr.splitlines() if line.startswith("starttrace:")]
     assert len(said) == 1 and "tracing is off for this run" in said[0], done.stderr
+
+
+def test_the_c_core_makes_the_recorders_span_ids(c_core: None) -> None:
+    """The light case's span ids come from the C core, in the recorder's scheme (the same ids for
+    the same block), so spans of the light case and of the recorder never collide in a process."""
+    from starttrace.tracer import _hotpath, recorder  # type: ignore[attr-defined]
+
+    block = 0xABCDEF12345678
+    saved = recorder._Ids.block, recorder.span_ids
+    try:
+        recorder._Ids.block = block
+        recorder.span_ids = iter(())
+        python_ids = [recorder.new_span_id() for _ in range(256)]
+    finally:
+        recorder._Ids.block, recorder.span_ids = saved
+    assert _hotpath.span_id_block(block) == python_ids
+    assert python_ids[0] == "abcdef1234567800" and python_ids[-1] == "abcdef12345678ff"
+    with pytest.raises(ValueError):
+        _hotpath.span_id_block(1 << 56)
