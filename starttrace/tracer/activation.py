@@ -825,7 +825,7 @@ def activate() -> None:
             _light_failed(exc)
             return
     try:
-        __import__(FULL_ACTIVATION, fromlist=["_"]).activate_in_python()
+        _load(FULL_ACTIVATION).activate_in_python()
     except Exception as exc:
         os.write(2, f"starttrace: tracing is off: {type(exc).__name__}: {exc}\n".encode("utf-8", "replace"))
 
@@ -1043,6 +1043,12 @@ _adopted: "tuple[Any, ...]" = ()
 _adopt_lock: Any = None
 
 
+def _load(name: str) -> Any:
+    """Module `name`, imported (by name: it imports this module)."""
+    __import__(name)
+    return sys.modules[name]
+
+
 def _adopt() -> "tuple[Any, ...]":
     """(recorder, probes): the Python recorder, journal writer and probe loader take this process
     over from the light activation, with its writer, span stacks and hooks (once)."""
@@ -1066,14 +1072,14 @@ def _take_over() -> "tuple[Any, ...]":
     global _python_recorder, _writer, plain_ident, _taking_over
     segment = _writer
     if "hook" not in _light or segment is None:  # boot's activation, or none at all
-        probes = __import__(PROBE_LOADER, fromlist=["_"])
+        probes = _load(PROBE_LOADER)
         return (probes.recorder, probes)
     # Meanwhile the C hook hands every import to the fallback: this thread's (starttrace's own
     # modules) pass through unrecorded, every other thread's wait in _adopt, then are recorded.
     plain_ident = -1
     _taking_over = get_ident()
     try:
-        probes = __import__(PROBE_LOADER, fromlist=["_"])
+        probes = _load(PROBE_LOADER)
         recorder, _light["imports"] = probes.take_over(
             _light, segment, process_span_id, _main_ident, _stacks, pending, _post_import_hooks, _process_attrs
         )

@@ -164,7 +164,7 @@ def test_a_server_that_gets_no_request_is_unchanged(tmp_path: Path) -> None:
 
 
 def test_api_and_cli_end_at_the_first_token(tmp_path: Path) -> None:
-    from st_service_helpers import start_server
+    from st_service_helpers import start_server, wait_for
 
     _times, served = _serve(tmp_path / "served", "request")
     _times, idle = _serve(tmp_path / "idle", "health-only")
@@ -174,6 +174,9 @@ def test_api_and_cli_end_at_the_first_token(tmp_path: Path) -> None:
     server = start_server(tmp_path, "--journal-dir", str(runs))
     try:
         base = f"{server.url}/startup/{served.run_id}?format=json"
+        # the service reads the journal folder in the background: both runs are there once it has
+        wait_for(lambda: all(httpx.get(f"{server.url}/startup/{r.run_id}?format=json", timeout=60).status_code == 200
+                             for r in (served, idle)), timeout=60)  # fmt: skip
         default = httpx.get(base, timeout=60).json()
         until = httpx.get(base + "&until=first_token", timeout=60).json()
         assert default["until"] == "ready" and until["until"] == "first_token"
