@@ -63,17 +63,18 @@ def reported(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> fl
     return float(proc.stdout.strip().splitlines()[-1])
 
 
-def pair(reps: int, run_a: Callable[[], float], run_b: Callable[[], float]) -> tuple[list[float], list[float]]:
-    """Alternate A and B (ABBA ...): returns the samples of each."""
+def pair(
+    reps: int, run_a: Callable[[], float], run_b: Callable[[], float], settle: float = 0.0
+) -> tuple[list[float], list[float]]:
+    """Alternate A and B (ABBA ...): returns the samples of each. `settle`: seconds to wait after
+    each run, so that what a traced root leaves running (the clock-state helper it starts at exit,
+    ~70 ms of CPU) does not run beside the next one."""
     a: list[float] = []
     b: list[float] = []
     for rep in range(reps):
-        if rep % 2 == 0:
-            a.append(run_a())
-            b.append(run_b())
-        else:
-            b.append(run_b())
-            a.append(run_a())
+        for first in ((run_a, a), (run_b, b)) if rep % 2 == 0 else ((run_b, b), (run_a, a)):
+            first[1].append(first[0]())
+            time.sleep(settle)
     return a, b
 
 
@@ -191,7 +192,7 @@ def main() -> int:
         program_rows = []
         for name, cmd in cases:
             wall(cmd, off)  # warm the page cache once
-            a, b = pair(args.reps, lambda cmd=cmd: wall(cmd, off), lambda cmd=cmd: wall(cmd, on))
+            a, b = pair(args.reps, lambda cmd=cmd: wall(cmd, off), lambda cmd=cmd: wall(cmd, on), settle=0.3)
             program_rows.append(row(name, a, b))
         print_table("2. wall time of whole programs (process tree included)", program_rows)
         results["programs"] = program_rows

@@ -42,7 +42,7 @@ from starttrace.sources.journal_files import (
     read_small,
 )
 from starttrace.sources.plausible import drop_implausible
-from starttrace.tracer.boot import default_journal_root, process_start_monotonic
+from starttrace.tracer.activation import default_journal_root, process_start_monotonic
 
 __all__ = [
     "EmptyRun",

@@ -7,10 +7,11 @@ case of activation, kept small, and the names, state and records the rest of the
 - The common case (`_activate_light`): the C core is built, no probe loads at activation (the
   command line names no vLLM, no forkserver preload), spans are not held back, and a root starts
   no exporter and is no job of several nodes. It writes the same records as boot's activation,
-  with the C core's import hook, whose other cases go to trampolines here. The recorder, the
-  journal writer and the probe loader load on their first use (`adopt`): a library with a probe is
-  imported, the C hook hands an import on (another thread, importlib), a segment is full, a fork.
-- Anything else: boot.activate, the whole activation in Python.
+  with the C core's import hook, whose other cases go to trampolines here, and opens the
+  journal's next segments itself. The recorder, the journal writer, the import probe and the probe
+  loader load on their first use (`_adopt`): a library with a probe is imported, the C hook hands
+  an import on (another thread, importlib), a fork, the program imports the recorder itself.
+- Anything else: boot.activate_in_python, the whole activation in Python.
 
 Standard library only, and only modules loaded at interpreter start (`atexit` is loaded and
 hidden again: boot's docstring). No `from __future__ import annotations` (it loads `__future__`).
@@ -710,7 +711,8 @@ _post_import_hooks: "dict[str, list[Callable[[Any], None]]]" = {}
 plain_ident = -1
 _main_ident = -1
 _process_attrs: "dict[str, Any]" = {}
-_light: "dict[str, Any]" = {}  # the hook, the original _find_and_load, the segment: for `adopt`
+# the C core, the hook, the original _find_and_load, the journal's base, segment number and size
+_light: "dict[str, Any]" = {}
 span_ids: Any = iter(())
 _block = 0
 

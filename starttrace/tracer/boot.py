@@ -25,20 +25,16 @@ from starttrace.tracer.activation import (
     OFF_VALUES,
     ON_VALUES,
     auto_export_endpoint,
-    default_journal_root,
     export_run_environment,
     identity_attrs,
     inherit_run,
     is_multiprocessing_child,
     may_be_job,
     place_in_tree,
-    process_creation_ns,
     process_record,
-    process_start_monotonic,
     remove_run_dir,
     startup_begin_record,
     state,
-    switch_value,
 )
 from starttrace.tracer.journal import JournalWriter
 from starttrace.tracer.lifecycle import flag_cuda_before_fork
@@ -49,9 +45,6 @@ if TYPE_CHECKING:
     from typing import Any
 else:
     Any = object  # annotations are evaluated at run time here (see the module docstring)
-
-__all__ = ["default_journal_root", "may_be_job", "process_creation_ns", "process_start_monotonic", "switch_value"]
-
 
 def activate() -> None:
     """activation.activate, for callers that knew it here."""

@@ -14,7 +14,7 @@ import sys
 from _thread import allocate_lock, get_ident
 from time import monotonic_ns
 
-from starttrace.tracer.activation import recorder_imported
+from starttrace.tracer.activation import recorder_imported, state
 from starttrace.tracer.journal import JournalWriter, encode, quote
 
 TYPE_CHECKING = False  # `typing` is not imported at run time: see the module docstring
@@ -123,8 +123,6 @@ def adopt(
     pending = held
     _post_import_hooks = post_import_hooks
     process_attrs = attrs
-    from starttrace.tracer.activation import state
-
     to_stderr = state.is_root
 
 

@@ -141,7 +141,7 @@ def test_sigkilled_run_reads_back_killed_with_no_stalled(
 def test_a_reused_pid_is_not_the_same_process(tmp_path: Path) -> None:
     """A pid that is alive but started at another time is another process: not running."""
     from starttrace.sources.journal_reader import process_alive
-    from starttrace.tracer.boot import process_start_monotonic
+    from starttrace.tracer.activation import process_start_monotonic
 
     me = process_start_monotonic(os.getpid())
     assert me is not None

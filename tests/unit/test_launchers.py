@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from starttrace.sources.journal_reader import read_run
-from starttrace.tracer import boot
+from starttrace.tracer import activation
 from starttrace.tracer.launchers import TOOL_MODULES, Job, clean_run_id, command_of, fnv1a_128, from_argv, identify
 
 PY = "/venv/bin/python"
@@ -175,12 +175,12 @@ def test_nodes_started_apart_share_one_run_folder_and_trace(
 def test_activation_loads_launchers_wherever_they_could_find_a_job(
     environ: dict[str, str], argv: list[str], trace: str
 ) -> None:
-    """boot.may_be_job keeps launchers.py unloaded where identify would find nothing: it must say
+    """activation.may_be_job keeps launchers.py unloaded where identify would find nothing: it must say
     yes for each source of a job identify reads (a launcher's command line, an environment key)."""
-    assert boot.may_be_job(environ, argv, trace)
+    assert activation.may_be_job(environ, argv, trace)
 
 
 def test_activation_skips_launchers_for_a_plain_command() -> None:
     for argv in ([PY, "-c", "import torch"], [PY, "train.py"], [PY, "-c", "pass", "vllm"]):
-        assert not boot.may_be_job({}, argv, "")
+        assert not activation.may_be_job({}, argv, "")
         assert identify({}, argv) is None
