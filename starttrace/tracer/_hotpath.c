@@ -640,6 +640,22 @@ error:
     return NULL;
 }
 
+/* The recorder's dicts the hook keeps (borrowed): its stacks, held-back spans and post-import
+   hooks, from its globals `rec`; -1 with TypeError where `rec` is not the recorder's. */
+static int
+recorder_dicts(PyObject *rec, PyObject **stacks, PyObject **pending, PyObject **post_hooks)
+{
+    *stacks = PyDict_GetItemString(rec, "_stacks");
+    *pending = PyDict_GetItemString(rec, "pending");
+    *post_hooks = PyDict_GetItemString(rec, "_post_import_hooks");
+    if (*stacks == NULL || *pending == NULL || *post_hooks == NULL || !PyDict_Check(*stacks) ||
+        !PyDict_Check(*pending) || !PyDict_Check(*post_hooks)) {
+        PyErr_SetString(PyExc_TypeError, "recorder_globals: not the recorder's (no _stacks, pending, _post_import_hooks)");
+        return -1;
+    }
+    return 0;
+}
+
 static int
 ImportHook_init(ImportHook *self, PyObject *args, PyObject *kwds)
 {
@@ -655,12 +671,8 @@ ImportHook_init(ImportHook *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "ImportHook already initialised");
         return -1;
     }
-    PyObject *stacks = PyDict_GetItemString(rec, "_stacks");
-    PyObject *pending = PyDict_GetItemString(rec, "pending");
-    PyObject *post_hooks = PyDict_GetItemString(rec, "_post_import_hooks");
-    if (stacks == NULL || pending == NULL || post_hooks == NULL || !PyDict_Check(stacks) || !PyDict_Check(pending) ||
-        !PyDict_Check(post_hooks)) {
-        PyErr_SetString(PyExc_TypeError, "recorder_globals: not the recorder's (no _stacks, pending, _post_import_hooks)");
+    PyObject *stacks, *pending, *post_hooks;
+    if (recorder_dicts(rec, &stacks, &pending, &post_hooks) < 0) {
         return -1;
     }
 #define KEEP(field, value) Py_INCREF(value); self->field = value
@@ -737,12 +749,8 @@ ImportHook_rebind(ImportHook *self, PyObject *args)
                           &write_compact)) {
         return NULL;
     }
-    PyObject *stacks = PyDict_GetItemString(rec, "_stacks");
-    PyObject *pending = PyDict_GetItemString(rec, "pending");
-    PyObject *post_hooks = PyDict_GetItemString(rec, "_post_import_hooks");
-    if (stacks == NULL || pending == NULL || post_hooks == NULL || !PyDict_Check(stacks) || !PyDict_Check(pending) ||
-        !PyDict_Check(post_hooks)) {
-        PyErr_SetString(PyExc_TypeError, "recorder_globals: not the recorder's (no _stacks, pending, _post_import_hooks)");
+    PyObject *stacks, *pending, *post_hooks;
+    if (recorder_dicts(rec, &stacks, &pending, &post_hooks) < 0) {
         return NULL;
     }
 #define REPLACE(field, value) Py_INCREF(value); Py_XSETREF(self->field, value)

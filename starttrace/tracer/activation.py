@@ -968,17 +968,22 @@ def _end_slow(*args: Any) -> Any:
     return _imports_probe()._end_slow(*args)
 
 
-def _end_failed(span_id: str, exc: BaseException) -> None:
-    """The end of an import that raised (`sitecustomize`, looked for in every process, is one)."""
-    if _python_recorder is not None:
-        _imports_probe()._end_failed(span_id, exc)
-        return
-    stack = _stacks.get(get_ident())
+def pop_span(stacks: "dict[int, list[str]]", span_id: str) -> None:
+    """Take an ending span off this thread's stack (the top, most of the time)."""
+    stack = stacks.get(get_ident())
     if stack:
         if stack[-1] == span_id:
             stack.pop()
         elif span_id in stack:
             stack.remove(span_id)
+
+
+def _end_failed(span_id: str, exc: BaseException) -> None:
+    """The end of an import that raised (`sitecustomize`, looked for in every process, is one)."""
+    if _python_recorder is not None:
+        _imports_probe()._end_failed(span_id, exc)
+        return
+    pop_span(_stacks, span_id)
     error = quote(f"{type(exc).__name__}: {exc}")
     _write_light('{"k":"e","s":"%s","t":%d,"err":%s}\n' % (span_id, monotonic_ns(), error))
 

@@ -14,7 +14,7 @@ import sys
 from _thread import allocate_lock, get_ident
 from time import monotonic_ns
 
-from starttrace.tracer.activation import recorder_imported, state
+from starttrace.tracer.activation import pop_span, recorder_imported, state
 from starttrace.tracer.journal import JournalWriter, encode, quote
 
 TYPE_CHECKING = False  # `typing` is not imported at run time: see the module docstring
@@ -256,12 +256,7 @@ def end(span_id: str, attrs: "Attrs | None" = None, error: "str | None" = None, 
     if span_id in _foreign:
         _foreign.discard(span_id)
         return
-    stack = _stacks.get(get_ident())
-    if stack:
-        if stack[-1] == span_id:
-            stack.pop()
-        elif span_id in stack:
-            stack.remove(span_id)
+    pop_span(_stacks, span_id)
     now = monotonic_ns() if t is None else t
     if pending:
         held = pending.pop(span_id, None)
