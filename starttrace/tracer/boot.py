@@ -46,11 +46,6 @@ if TYPE_CHECKING:
 else:
     Any = object  # annotations are evaluated at run time here (see the module docstring)
 
-def activate() -> None:
-    """activation.activate, for callers that knew it here."""
-    activation.activate()
-
-
 def activate_in_python() -> None:
     """The whole activation in Python (activation.activate hands over here). Never raises."""
     try:

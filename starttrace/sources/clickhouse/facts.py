@@ -125,6 +125,15 @@ MAX_PARSED = 200_000  # facts spans kept parsed in memory (a few KB each)
 _UNTIL = _MAX_NS // 10 * 9  # DateTime64(9) ends in 2262
 
 
+def _range_params(since_ns: int | None, until_ns: int | None, facts_version: int) -> dict[str, Any]:
+    """The query parameters of a time range (open ends: all of time) and a facts version."""
+    return {
+        "facts_version": facts_version,
+        "since": since_ns if since_ns is not None else 0,
+        "until": until_ns if until_ns is not None else _UNTIL,
+    }
+
+
 class ClickHouseFacts:
     def __init__(self, client: Client) -> None:
         self.client = client
@@ -203,11 +212,7 @@ class ClickHouseFacts:
         """The facts of every run in range that has facts of `facts_version`: from its latest
         `starttrace.run` span, else from the facts table."""
         self.ensure_table()
-        params: dict[str, Any] = {
-            "facts_version": facts_version,
-            "since": since_ns if since_ns is not None else 0,
-            "until": until_ns if until_ns is not None else _UNTIL,
-        }
+        params = _range_params(since_ns, until_ns, facts_version)
         span_filter = " AND Timestamp >= fromUnixTimestamp64Nano({since:Int64})"
         span_filter += " AND Timestamp <= fromUnixTimestamp64Nano({until:Int64})"
         table_filter = " AND Start >= fromUnixTimestamp64Nano({since:Int64})"
@@ -259,11 +264,7 @@ class ClickHouseFacts:
     ) -> int:
         """How many runs in range have no facts of `facts_version` yet (being derived)."""
         self.ensure_table()
-        params: dict[str, Any] = {
-            "facts_version": facts_version,
-            "since": since_ns if since_ns is not None else 0,
-            "until": until_ns if until_ns is not None else _UNTIL,
-        }
+        params = _range_params(since_ns, until_ns, facts_version)
         service_filter = ""
         if service is not None:
             service_filter = "AND service = {service:String}"
