@@ -79,9 +79,7 @@ def _activate() -> None:
     global _atexit
     _atexit = activation.load_atexit()
     _load_hotpath(environ)
-    from starttrace.tracer.probes import load_all
-
-    probes = load_all()
+    probes = activation.load_own(activation.PROBE_LOADER).load_all()
     activation.hide_footprint(before)
     _open_journal(parent_span, launch_pid, created, now)
     if state.is_root:  # said once the run can be recorded: a failure above is the root's one line

@@ -214,17 +214,123 @@ def test_a_light_root_on_a_read_only_folder_says_why_once(
 def test_the_c_core_makes_the_recorders_span_ids(c_core: None) -> None:
     """The light case's span ids come from the C core, in the recorder's scheme (the same ids for
     the same block), so spans of the light case and of the recorder never collide in a process."""
-    from starttrace.tracer import _hotpath, recorder  # type: ignore[attr-defined]
+    from starttrace.tracer import _hotpath, journal, recorder  # type: ignore[attr-defined]
 
     block = 0xABCDEF12345678
-    saved = recorder._Ids.block, recorder.span_ids
-    try:
+    saved = recorder._Ids.block, recorder.span_ids, journal.hotpath
+
+    def recorders_ids(hotpath: object) -> list[str]:
+        journal.hotpath = hotpath
         recorder._Ids.block = block
         recorder.span_ids = iter(())
-        python_ids = [recorder.new_span_id() for _ in range(256)]
+        return [recorder.new_span_id() for _ in range(257)]
+
+    try:
+        python_ids = recorders_ids(None)
+        c_ids = recorders_ids(_hotpath)  # a process with the C core: the recorder has it make them
     finally:
-        recorder._Ids.block, recorder.span_ids = saved
-    assert _hotpath.span_id_block(block) == python_ids
+        recorder._Ids.block, recorder.span_ids, journal.hotpath = saved
+    assert python_ids[256] == c_ids[256] == f"{block + 1:014x}00"  # the next block
+    python_ids, c_ids = python_ids[:256], c_ids[:256]
+    assert _hotpath.span_id_block(block) == python_ids == c_ids
     assert python_ids[0] == "abcdef1234567800" and python_ids[-1] == "abcdef12345678ff"
     with pytest.raises(ValueError):
         _hotpath.span_id_block(1 << 56)
+
+
+# What importlib sets on a module, read back as text; printed by a process for every starttrace
+# module it holds.
+MODULE_FACTS = """
+import json, sys
+def facts(module):
+    spec = module.__spec__
+    parent, _, child = module.__name__.rpartition(".")
+    return {
+        "file": module.__file__, "cached": module.__cached__, "package": module.__package__,
+        "path": getattr(module, "__path__", None), "loader": type(module.__loader__).__name__,
+        "loader_path": module.__loader__.path, "loader_is_spec's": module.__loader__ is spec.loader,
+        "spec": [spec.name, spec.origin, spec.cached, spec.parent, spec.has_location, spec.submodule_search_locations],
+        "bound": getattr(sys.modules[parent], child, None) is module,
+        "first_line": __import__("inspect").getsource(module).splitlines()[0][:3],
+        "code_file": module.__dict__[next(k for k, v in vars(module).items() if getattr(v, "__code__", None) is not None
+                                          and getattr(v, "__module__", None) == module.__name__)].__code__.co_filename,
+    }
+"""
+
+TORCH_LIKE = """
+import json, sys
+{facts}
+import subprocess  # the multiprocessing probe loads: the recorder takes over
+from starttrace.tracer import activation
+names = [n for n in sys.modules if n.startswith("starttrace.tracer.") and n != "starttrace.tracer._hotpath"]
+print(json.dumps({{"own": activation.loaded_own, "facts": {{n: facts(sys.modules[n]) for n in sorted(names)}}}}))
+"""
+
+
+def _facts_by_importlib(venv_python: str, names: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """The same facts of the same modules, imported by importlib in an untraced process."""
+    program = MODULE_FACTS + "\nimport importlib\nnames = %r\n" % (names,)
+    program += "print(json.dumps({n: facts(importlib.import_module(n)) for n in names}))"
+    env = {k: v for k, v in env.items() if not k.startswith("STARTTRACE")}
+    done = subprocess.run(  # not in the checkout, whose starttrace `-c`'s path ('') would find first
+        [venv_python, "-c", program], env=env, capture_output=True, text=True, timeout=120, cwd=env["PYTHONPATH"]
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _compiled_tree(venv_python: str, tmp_path: Path) -> Path:
+    """A copy of starttrace with fresh bytecode caches (as pip writes them at install; a source
+    tree's caches are as fresh as its last import, and never written under PYTHONDONTWRITEBYTECODE)."""
+    import shutil
+
+    import starttrace
+
+    tree = tmp_path / "tree"
+    shutil.copytree(Path(starttrace.__file__).parent, tree / "starttrace", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([venv_python, "-m", "compileall", "-q", str(tree)], check=True, timeout=120)
+    return tree
+
+
+def test_the_hand_over_loads_starttraces_modules_as_importlib_would(
+    venv_python: str, clean_env: Callable[..., dict[str, str]], tmp_path: Path, c_core: None
+) -> None:
+    """The recorder, journal, probe loader, import probe and a probe load from their bytecode
+    caches past importlib's search (`activation.load_own`), and each module is what importlib
+    would have made: spec, loader, file, cache, package, bound on its parent, source found."""
+    env = dict(clean_env(), PYTHONPATH=str(_compiled_tree(venv_python, tmp_path)))
+    (out,), _ = _run(venv_python, env, tmp_path / "runs", "-c", TORCH_LIKE.format(facts=MODULE_FACTS))
+    expected_own = [
+        "starttrace.tracer.journal",
+        "starttrace.tracer.recorder",
+        "starttrace.tracer.lifecycle",
+        "starttrace.tracer.probes",
+        "starttrace.tracer.probes.imports",
+        "starttrace.tracer.probes.multiprocessing",
+    ]
+    assert out["own"] == expected_own
+    assert _facts_by_importlib(venv_python, sorted(out["facts"]), env) == out["facts"]
+
+
+def test_a_stale_bytecode_cache_loads_through_importlib(
+    venv_python: str, clean_env: Callable[..., dict[str, str]], tmp_path: Path, c_core: None
+) -> None:
+    """A cache that does not match its source (an edited file) is not used: importlib loads that
+    module (and rewrites its cache); the others still load from theirs, and the run is recorded."""
+    tree = _compiled_tree(venv_python, tmp_path)
+    recorder_py = tree / "starttrace" / "tracer" / "recorder.py"
+    recorder_py.write_text(recorder_py.read_text(encoding="utf-8") + "\n# edited\n", encoding="utf-8")
+    env = dict(clean_env(), PYTHONPATH=str(tree))
+    (out,), run = _run(venv_python, env, tmp_path / "runs", "-c", TORCH_LIKE.format(facts=MODULE_FACTS))
+    assert "starttrace.tracer.recorder" not in out["own"]
+    assert "starttrace.tracer.journal" in out["own"] and "starttrace.tracer.probes" in out["own"]
+    assert out["facts"]["starttrace.tracer.recorder"]["file"] == str(recorder_py)
+    assert out["facts"]["starttrace.tracer.recorder"]["bound"]
+    # with -O no cache of this kind is read: importlib loads them all
+    (out_o,), run_o = _run(venv_python, env, tmp_path / "runs-O", "-O", "-c", TORCH_LIKE.format(facts=MODULE_FACTS))
+    assert out_o["own"] == []
+    for recorded in (run, run_o):
+        (process,) = recorded.processes
+        names = [s.name for s in spans_of(recorded, process)]
+        assert "import subprocess" in names and "import json" in names  # the program's, before and after
+        assert not [n for n in names if "starttrace" in n]  # importlib loaded starttrace's, unrecorded

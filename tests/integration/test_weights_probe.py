@@ -175,26 +175,26 @@ def test_hf_hub_download_is_a_weights_download_span(tmp_path: Path, clean_env) -
 LAZY = r"""
 import json, sys, tempfile, os
 import torch
-before = [m for m in ("starttrace.tracer.probes.torch_load", "starttrace.tracer.probes.weights") if m in sys.modules]
+before = [m for m in ("starttrace.tracer.probes.torch", "starttrace.tracer.probes.weights") if m in sys.modules]
 path = os.path.join(tempfile.mkdtemp(), "w.pt")
 torch.save({"w": torch.zeros(4)}, path)
 torch.load(path)
-after = [m for m in ("starttrace.tracer.probes.torch_load", "starttrace.tracer.probes.weights") if m in sys.modules]
+after = [m for m in ("starttrace.tracer.probes.torch", "starttrace.tracer.probes.weights") if m in sys.modules]
 print(json.dumps({"before": before, "after": after}))
 """
 
 
-def test_import_torch_loads_only_the_small_torch_load_hook(
+def test_import_torch_loads_the_weights_probe_at_the_first_load_only(
     venv_python: str, traced_env: dict[str, str], journal_root: Path, only_run_dir: Callable[[Path], Path]
 ) -> None:
-    """`import torch` imports torch.serialization: only the small hook loads with it (every traced
-    `import torch` pays for it); the weights probe loads at the first torch.load of a path."""
+    """`import torch` imports torch.serialization: the torch probe replaces torch.load then (every
+    traced `import torch` loads it); the weights probe loads at the first torch.load of a path."""
     done = subprocess.run([venv_python, "-c", LAZY], env=traced_env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {
-        "before": ["starttrace.tracer.probes.torch_load"],
-        "after": ["starttrace.tracer.probes.torch_load", "starttrace.tracer.probes.weights"],
+        "before": ["starttrace.tracer.probes.torch"],
+        "after": ["starttrace.tracer.probes.torch", "starttrace.tracer.probes.weights"],
     }
     run = read_run(only_run_dir(journal_root))
     loads = spans_named(run, "weights.load")

@@ -20,7 +20,7 @@ from run_spans import named, spans_of
 
 from starttrace.sources.journal_reader import Process, Run, read_run
 from starttrace.tracer import recorder
-from starttrace.tracer.probes import LAZY_PROBES, PROBE_HELPERS
+from starttrace.tracer.probes import LAZY_PROBES, helpers_of
 
 PROBES_DIR = Path(__file__).resolve().parents[2] / "starttrace" / "tracer" / "probes"
 
@@ -38,8 +38,9 @@ def test_lazy_triggers_are_the_modules_the_probe_hooks(probe: str, monkeypatch: 
 
 @pytest.mark.parametrize("probe", sorted(LAZY_PROBES))
 def test_a_lazy_probe_loads_its_helpers_first(probe: str) -> None:
-    """Every probe module a lazy probe imports loads before it, past the import probe (_wrap for
-    all, PROBE_HELPERS for the rest): else its import would be recorded as the program's."""
+    """Every probe module a lazy probe imports loads before it, past the import probe
+    (PROBE_HELPERS): else its import would be recorded as the program's. No more: a probe's
+    helper it does not use would load in every process that imports its library."""
     import ast
 
     tree = ast.parse((PROBES_DIR / (probe.rsplit(".", 1)[-1] + ".py")).read_text(encoding="utf-8"))
@@ -54,7 +55,7 @@ def test_a_lazy_probe_loads_its_helpers_first(probe: str) -> None:
         elif isinstance(node, ast.Import):
             imported.update(a.name for a in node.names if a.name.startswith("starttrace.tracer.probes."))
     imported.discard("starttrace.tracer.probes.imports")  # loaded with the recorder, before any probe
-    assert imported <= {"starttrace.tracer.probes._wrap", *PROBE_HELPERS.get(probe, ())}, imported
+    assert imported == set(helpers_of(probe)), imported
 
 
 def _traced(

@@ -13,7 +13,13 @@ import os
 import sys
 
 from starttrace.tracer import journal, lifecycle, recorder
-from starttrace.tracer.activation import EAGER_WHEN_ARGV, EAGER_WHEN_ENV, INSTALLED_AT_ACTIVATION, LAZY_PROBES
+from starttrace.tracer.activation import (
+    EAGER_WHEN_ARGV,
+    EAGER_WHEN_ENV,
+    INSTALLED_AT_ACTIVATION,
+    LAZY_PROBES,
+    load_own,
+)
 
 __all__ = ["EAGER_WHEN_ARGV", "EAGER_WHEN_ENV", "LAZY_PROBES"]
 
@@ -53,7 +59,7 @@ def load_all() -> "list[Any]":
     modules = []
     for name in names:
         try:
-            module = __import__(name, fromlist=["install"])
+            module = load_own(name) if name in PROBES else _import_unrecorded(name)
         except ImportError:
             continue  # a probe that is not part of this build
         except Exception as exc:
@@ -136,18 +142,24 @@ def _lazy_loader(name: str) -> "Any":
     return load
 
 
-# The probes' helpers, loaded before a probe that imports them (tests/unit/test_lazy_probes.py
-# keeps this in step with the probes' imports): every probe imports _wrap but torch_load.
+# The probe modules a probe imports, loaded before it in this order (tests/unit/test_lazy_probes.py
+# keeps this equal to the probes' imports): _wrap for every probe not named here.
+WRAP = "starttrace.tracer.probes._wrap"
 PROBE_HELPERS: "dict[str, tuple[str, ...]]" = {
-    "starttrace.tracer.probes.vllm": ("starttrace.tracer.probes.first_request",),
-    "starttrace.tracer.probes.servers": ("starttrace.tracer.probes.first_request",),
+    "starttrace.tracer.probes.multiprocessing": (),
+    "starttrace.tracer.probes.vllm": (WRAP, "starttrace.tracer.probes.first_request"),
+    "starttrace.tracer.probes.servers": (WRAP, "starttrace.tracer.probes.first_request"),
 }
+
+
+def helpers_of(probe: str) -> "tuple[str, ...]":
+    return PROBE_HELPERS.get(probe, (WRAP,))
 
 
 def _import_unrecorded(name: str) -> "Any":
     """Import probe `name` (and the helpers it imports) past the import probe: starttrace's own
     modules are not the program's imports, whose spans this runs inside."""
-    for module in ("starttrace.tracer.probes._wrap", *PROBE_HELPERS.get(name, ()), name):
+    for module in (*helpers_of(name), name):
         import_unrecorded(module)
     return sys.modules[name]
 
@@ -156,8 +168,12 @@ def import_unrecorded(name: str) -> "Any":
     """Import module `name` past the import probe (no span): for what starttrace itself needs
     (a probe, or a library a probe uses, such as ctypes for the weights probe's mincore)."""
     if name not in sys.modules:
-        from starttrace.tracer.probes import imports
-
-        find_and_load = imports._original or (lambda module, _import: __import__(module, fromlist=["install"]))
-        find_and_load(name, __import__)
+        load_own(name, _import_past_probe)
     return sys.modules[name]
+
+
+def _import_past_probe(name: str) -> None:
+    from starttrace.tracer.probes import imports
+
+    find_and_load = imports._original or (lambda module, _import: __import__(module, fromlist=["install"]))
+    find_and_load(name, __import__)

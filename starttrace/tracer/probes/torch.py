@@ -1,11 +1,15 @@
 """torch probe: `cuda.init` (around `torch.cuda._lazy_init`, the funnel of every lazy CUDA
 initialisation), `cuda.set_device`, `dist.init` and the first collective per process group, and
-the process's rank from torch.distributed (docs/probes.md). Standard library only; nothing runs
-until the program imported torch.
+the process's rank from torch.distributed (docs/probes.md). It also replaces `torch.load` with a
+wrapper that loads the weights probe at the first load of a path and hands such loads to it
+(`import torch` imports `torch.serialization`: the weights probe loads only where weights are
+loaded). Standard library only; nothing runs until the program imported torch.
 """
 
 import os
 import sys
+from itertools import compress, repeat
+from operator import is_
 from time import monotonic_ns
 
 from starttrace.tracer import recorder
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
 
     Attrs = dict[str, Any]
 
+_ModuleType = type(sys)
 MAX_RECORDED_FAILURES = 3  # a CPU-only torch fails every lazy init: record the first few only
 _GENERIC_ROLES = (None, "", "main", "helper", "child")  # roles init_process_group turns into `worker`
 
@@ -46,6 +51,7 @@ cuda_state = _CudaState()
 def install() -> None:
     """Register the post-import hooks (called when the program first imports one of their modules:
     probes/__init__.py `LAZY_PROBES`)."""
+    recorder.when_imported("torch.serialization", _patch_torch_serialization)
     recorder.when_imported("torch.cuda", _patch_cuda)
     recorder.when_imported("torch.distributed", _patch_distributed)
     recorder.when_imported("torch.distributed", _patch_collectives)
@@ -133,7 +139,7 @@ def _patch_cuda(cuda: "Any") -> None:
 
     cuda._lazy_init = _mark(_lazy_init, original)
     # torch.cuda.memory, torch.cuda.random, ... did `from . import _lazy_init`: patch their copies too
-    _replace_everywhere("torch", "_lazy_init", original, _lazy_init)
+    _replace_in_package(cuda, "_lazy_init", original, _lazy_init)
     note_attached("torch.cuda._lazy_init")
     if patch(cuda, "set_device", lambda fn: _set_device_wrapper(fn, "torch.cuda.set_device")):
         note_attached("torch.cuda.set_device")
@@ -266,7 +272,7 @@ def _patch_distributed(dist: "Any") -> None:
         _after_init_process_group(dist, span_id)
         return result
 
-    _replace_everywhere("torch.distributed", "init_process_group", original, _mark(init_process_group, original))
+    _replace_in_package(dist, "init_process_group", original, _mark(init_process_group, original))
     note_attached("torch.distributed.init_process_group")
     publish_probe_list()
 
@@ -298,18 +304,28 @@ def _learn(found: "dict[str, int | None]", role_needs_rank: bool) -> None:
         set_role_and_attrs(learnt)
 
 
-def _replace_everywhere(prefix: str, attr: str, original: "Any", wrapper: "Any") -> None:
-    """Replace `attr` where the loaded module `prefix`, or one under it, holds `original` (its own,
-    or a copy it took with `from . import`). Read from each module's namespace: a `getattr` that misses raises
-    inside, ~4x the cost over the ~800 torch modules `import torch` loads."""
-    dotted = prefix + "."
-    for name, module in list(sys.modules.items()):
-        if name == prefix or name.startswith(dotted):
-            try:
-                if module.__dict__.get(attr) is original:
-                    setattr(module, attr, wrapper)
-            except Exception:
+def _replace_in_package(package: "Any", attr: str, original: "Any", wrapper: "Any") -> None:
+    """Replace `attr` where `package`, or a module under it, holds `original` (its own, or a copy
+    it took with `from . import`). Run when the package's import has just ended: only modules
+    that ran inside it can hold a copy by then, and importlib has bound each as an attribute of its
+    parent. Walking those attributes reads a few hundred names where sys.modules holds ~1,000
+    modules after `import torch`; `type()`, not isinstance, which reads `__class__` (torch's
+    deprecated names warn when read)."""
+    found = [package]
+    for module in found:  # grows while it is walked
+        try:
+            namespace = module.__dict__
+            if namespace.get(attr) is original:
+                setattr(module, attr, wrapper)
+            if "__path__" not in namespace:
                 continue
+            dotted = module.__name__ + "."
+            values = list(namespace.values())
+            for sub in compress(values, map(is_, map(type, values), repeat(_ModuleType))):
+                if sub.__name__.startswith(dotted) and sub not in found:
+                    found.append(sub)
+        except Exception:
+            continue
 
 
 def _after_init_process_group(dist: "Any", span_id: str) -> None:
@@ -441,3 +457,39 @@ def _ranks_key(ranks: list[int]) -> str:
     for byte in text.encode():
         digest = ((digest ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
     return f"ranks/{len(ordered)}:{digest:016x}"
+
+
+# --------------------------------------------------------------------------------------------
+# torch.load
+
+
+def _patch_torch_serialization(serialization: "Any") -> None:
+    original = getattr(serialization, "load", None)
+    if original is None or not callable(original):
+        note_missing("torch.serialization.load")
+        publish_probe_list()
+        return
+    if getattr(original, "__starttrace__", False):
+        return
+    traced: list[Callable[..., Any]] = []  # the weights probe's wrapper, made at the first load of a path
+
+    def load(f: "Any", *args: "Any", **kwargs: "Any") -> "Any":
+        if recorder._writer is None or (not isinstance(f, str) and getattr(type(f), "__fspath__", None) is None):
+            return original(f, *args, **kwargs)
+        if not traced:
+            try:
+                from starttrace.tracer.probes import import_unrecorded
+
+                traced.append(import_unrecorded("starttrace.tracer.probes.weights")._torch_load_wrapper(original))
+            except Exception as exc:
+                recorder.report(f"weights probe failed to load: {type(exc).__name__}: {exc}", key="torch.load")
+                traced.append(original)
+        return traced[0](f, *args, **kwargs)
+
+    wrapper = _mark(load, original)
+    serialization.load = wrapper
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "load", None) is original:
+        torch.load = wrapper  # the probe came late: torch had bound it already
+    note_attached("torch.serialization.load")
+    publish_probe_list()

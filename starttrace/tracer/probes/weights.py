@@ -3,8 +3,8 @@ span per Hugging Face download (docs/probes.md has the attributes).
 
 A generic library probe (vLLM, SGLang, transformers, plain torch). It replaces `safetensors.safe_open`
 before `safetensors.torch` and vLLM bind it (a class that opens the real one and hands its calls
-through), wraps `torch.load` of a path (hooked by `probes/torch_load.py`, which loads this module at
-the first such call) and `huggingface_hub.file_download.hf_hub_download`. The file's facts: size,
+through), wraps `torch.load` of a path (hooked by the torch probe, which loads this module at the
+first such call) and `huggingface_hub.file_download.hf_hub_download`. The file's facts: size,
 filesystem type (/proc/self/mountinfo), page cache share (mincore(2)), bytes read (/proc/self/io).
 Standard library only.
 """
@@ -359,7 +359,7 @@ def _patch_safetensors(module: "Any") -> None:
 
 
 def _torch_load_wrapper(original: "Callable[..., Any]") -> "Callable[..., Any]":
-    """A `weights.load` span around torch.load (probes/torch_load.py calls it for a path only)."""
+    """A `weights.load` span around torch.load (the torch probe's torch.load wrapper calls it for a path only)."""
 
     def load(f: "Any", *args: "Any", **kwargs: "Any") -> "Any":
         span_id, io_before = begin_load(f, "torch")
