@@ -1142,7 +1142,7 @@ def _load_cached(name: str) -> Any:
         module.__path__ = spec.submodule_search_locations = [folder]
         module.__package__ = name
     else:
-        module.__package__ = name.rpartition(".")[0]
+        module.__package__ = parent
     present = sys.modules.setdefault(name, module)
     if present is not module:  # another thread loads it: importlib would hand that one out too
         return present
