@@ -54,7 +54,7 @@ class ReadyWatch:
         self.offsets: dict[Path, int] = {}
 
     def ready(self) -> bool:
-        from starttrace.sources.journal_files import all_journal_files
+        from starttrace.sources.journal_files import all_journal_files, open_regular
 
         found = False
         try:
@@ -66,7 +66,8 @@ class ReadyWatch:
             position = max(0, offset - self.OVERLAP)
             carry = b""
             try:
-                with open(path, "rb") as handle:
+                # a FIFO or a device named like a journal: skipped, never waited on (open would block)
+                with os.fdopen(open_regular(path), "rb") as handle:
                     handle.seek(position)
                     while True:
                         chunk = handle.read(self.CHUNK)

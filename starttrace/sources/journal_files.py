@@ -47,7 +47,7 @@ class ReadBudget:
         self.skipped: list[str] = []
 
 
-def _open_regular(path: Path) -> int:
+def open_regular(path: Path) -> int:
     """A descriptor of `path`, which must be a regular file (not a FIFO, a device such as /dev/zero,
     a socket or a folder, also through a link). Raises OSError naming what it is instead."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: opening a FIFO must not wait for a writer
@@ -77,7 +77,7 @@ def _kind(mode: int) -> str:
 def read_small(path: Path, limit: int = MAX_SMALL_FILE_BYTES) -> bytes:
     """The bytes of a small file (run.json, a clock file): a regular file of at most `limit` bytes.
     Raises OSError otherwise."""
-    fd = _open_regular(path)
+    fd = open_regular(path)
     with os.fdopen(fd, "rb") as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:
@@ -89,7 +89,7 @@ def _read_bounded(path: Path, budget: ReadBudget, version2: bool) -> bytes:
     """A journal file's bytes, at most MAX_SEGMENT_BYTES and what `budget` has left; a version 2
     segment's read stops at its unused tail (a whole chunk of zero bytes: a sparse 1 GiB segment
     costs one chunk). What was not read is noted in `budget.skipped`. Raises OSError."""
-    fd = _open_regular(path)
+    fd = open_regular(path)
     with os.fdopen(fd, "rb", buffering=0) as handle:
         size = os.fstat(handle.fileno()).st_size
         limit = min(MAX_SEGMENT_BYTES, max(0, budget.left))
@@ -213,7 +213,7 @@ def used_bytes(path: Path, known: int = 0) -> int:
     an earlier answer for the same file, makes it cheap: only the bytes after it are read."""
     if _segment_key(path) is None:
         return os.stat(path).st_size
-    with os.fdopen(_open_regular(path), "rb", buffering=0) as handle:
+    with os.fdopen(open_regular(path), "rb", buffering=0) as handle:
         end = 0
         if known > 0:
             handle.seek(known - 1)
