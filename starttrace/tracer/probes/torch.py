@@ -322,7 +322,7 @@ def _replace_in_package(package: "Any", attr: str, original: "Any", wrapper: "An
             dotted = module.__name__ + "."
             values = list(namespace.values())
             for sub in compress(values, map(is_, map(type, values), repeat(_ModuleType))):
-                if sub.__name__.startswith(dotted) and sub not in found:
+                if getattr(sub, "__name__", "").startswith(dotted) and sub not in found:
                     found.append(sub)
         except Exception:
             continue
