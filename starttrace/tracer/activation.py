@@ -1068,7 +1068,7 @@ def _load(name: str) -> Any:
 # ---------------------------------------------------------------------------------------------
 # starttrace's own modules, loaded from their bytecode cache without importlib's search: ~0.045 M
 # instructions a module where importlib takes ~0.29 M (docs/benchmarks.md). They load in the traced
-# program's time (its first import of torch loads ten), and they are not its imports.
+# program's time (its first import of torch loads eight), and they are not its imports.
 
 OWN_PREFIX = "starttrace.tracer."
 OWN_PACKAGES = frozenset({PROBE_LOADER})
