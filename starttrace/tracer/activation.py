@@ -825,7 +825,7 @@ def activate() -> None:
             _light_failed(exc)
             return
     try:
-        _load(FULL_ACTIVATION).activate_in_python()
+        _load_in_order(PYTHON_ACTIVATION).activate_in_python()
     except Exception as exc:
         os.write(2, f"starttrace: tracing is off: {type(exc).__name__}: {exc}\n".encode("utf-8", "replace"))
 
@@ -1058,11 +1058,11 @@ _adopted: "tuple[Any, ...]" = ()
 _adopt_lock: Any = None
 
 
-def _load(name: str) -> Any:
-    """Module `name`, imported (by name: it imports this module), and the modules it needs first."""
-    for first in PYTHON_ACTIVATION if name == FULL_ACTIVATION else HAND_OVER[:4]:
-        load_own(first)
-    return sys.modules[name]
+def _load_in_order(names: "tuple[str, ...]") -> Any:
+    """The modules `names` (by name: each imports this module), loaded in this order; the last."""
+    for name in names:
+        module = load_own(name)
+    return module
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1180,15 +1180,15 @@ def _take_over() -> "tuple[Any, ...]":
     global _python_recorder, _writer, plain_ident, _taking_over
     segment = _writer
     if "hook" not in _light or segment is None:  # boot's activation, or none at all
-        probes = _load(PROBE_LOADER)
+        _load_in_order(HAND_OVER)
+        probes = sys.modules[PROBE_LOADER]
         return (probes.recorder, probes)
     # Meanwhile the C hook hands every import to the fallback: this thread's (starttrace's own
     # modules) pass through unrecorded, every other thread's wait in _adopt, then are recorded.
     plain_ident = -1
     _taking_over = get_ident()
     try:
-        for name in HAND_OVER:
-            load_own(name)
+        _load_in_order(HAND_OVER)
         probes = sys.modules[PROBE_LOADER]
         recorder, _light["imports"] = probes.take_over(
             _light, segment, process_span_id, _main_ident, _stacks, pending, _post_import_hooks, _process_attrs
