@@ -1,6 +1,7 @@
 """starttrace overhead in instructions (valgrind callgrind), traced vs untraced, side by side.
 
-    .venv/bin/python benchmarks/bench_instructions.py [--imports 3000] [--no-torch] [--json] [--before TREE]
+    .venv/bin/python benchmarks/bench_instructions.py [--imports 3000] [--no-torch] [--layouts 4] [--json]
+        [--before TREE]
 
 Needs valgrind (`apt-get install -y valgrind`). Instruction counts are deterministic where wall
 time is not: every program runs under `valgrind --tool=callgrind` with PYTHONHASHSEED=0, bytecode
@@ -16,7 +17,13 @@ per-span cost of both.
    hands down, as Inductor's `cdll.LoadLibrary` checks inherit it).
 2. one import span: a program imports N one-line modules (fresh files, none cached in sys.modules);
    (traced - untraced - activation) / N is the cost of one import span (begin + end record).
-3. `python -c 'import torch'`: traced / untraced.
+3. `python -c 'import torch'`: traced / untraced, over several starting layouts (--layouts):
+   where the garbage collector's allocation counters stand, and how the heap is laid out, when a
+   program starts moves its count by ~2 M either way (an extra gen-1 collection during `import
+   torch` is ~1.7 M), traced or not. Layout i first keeps i * 1543 empty lists alive, traced and
+   untraced alike (1543: each layout starts the gen-0 counter, threshold 700, 143 further on, and
+   the gen-1 counter a layout further), then imports torch; the figure is the mean over the
+   layouts, each layout's printed too.
 
 --before TREE: every traced case also runs with PYTHONPATH=TREE (another checkout of starttrace,
 with its C core built, e.g. the tree before a change), and the deltas are printed side by side
@@ -37,6 +44,9 @@ import tempfile
 from pathlib import Path
 
 COLLECTED = re.compile(rb"Collected\s*:\s*(\d+)")
+# `import torch` after keeping `lists` empty lists alive (layout 0: none, the plain program)
+TORCH_IN_LAYOUT = "_layout = [[] for _ in range({lists})]\nimport torch"
+LAYOUT_STEP = 1543
 
 IMPORT_LOOP = """
 import sys
@@ -107,6 +117,7 @@ def main() -> int:
     parser.add_argument("--no-torch", action="store_true", help="skip `import torch`")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     parser.add_argument("--before", type=Path, help="a checkout of starttrace to compare the traced cases with")
+    parser.add_argument("--layouts", type=int, default=4, help="starting layouts `import torch` is counted over")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install -y valgrind)")
@@ -137,13 +148,16 @@ def main() -> int:
 
         before_deltas: dict[str, tuple[int, int]] = {}
 
-        def count(cmd: list[str], name: str = "", extra: dict[str, str] | None = None) -> tuple[int, int, int | None]:
-            envs = [dict(e, **(extra or {})) for e in ([off, on, pure] if pure else [off, on])]
+        def count(
+            cmd: list[str], name: str = "", extra: dict[str, str] | None = None, python_code: bool = True
+        ) -> tuple[int, int, int | None]:
+            with_pure = pure if python_code else None
+            envs = [dict(e, **(extra or {})) for e in ([off, on, with_pure] if with_pure else [off, on])]
             warm(cmd, *envs)
             counted = (
                 instructions(cmd, envs[0], work),
                 instructions(cmd, envs[1], work),
-                instructions(cmd, envs[2], work) if pure else None,
+                instructions(cmd, envs[2], work) if with_pure else None,
             )
             if args.before is not None and name:
                 earlier = dict(envs[1], PYTHONPATH=str(args.before.resolve()))
@@ -174,11 +188,33 @@ def main() -> int:
             results["per_import_span_python"] = (imp_pure - imp_off - (pass_pure - pass_off)) / args.imports
             results["activation_python"] = pass_pure - pass_off
 
-        # 3. import torch
+        # 3. import torch, over several starting layouts
         if not args.no_torch:
-            cmd = [python, "-c", "import torch"]
-            if subprocess.run(cmd, env=off, capture_output=True).returncode == 0:
-                show("python -c 'import torch'", *count(cmd, "import torch"))
+            if subprocess.run([python, "-c", "import torch"], env=off, capture_output=True).returncode == 0:
+                torch_counts = []
+                for layout in range(max(1, args.layouts)):
+                    code = TORCH_IN_LAYOUT.format(lists=layout * LAYOUT_STEP)
+                    name = "import torch" if layout == 0 else f"import torch, layout {layout}"
+                    # the Python code's column for the first layout only: a callgrind run of torch is ~2 min
+                    counted = count([python, "-c", code], name, python_code=layout == 0)
+                    show(f"python -c 'import torch', layout {layout}", *counted)
+                    torch_counts.append(counted[:2])
+                mean_off = sum(a for a, _ in torch_counts) / len(torch_counts)
+                mean_on = sum(b for _, b in torch_counts) / len(torch_counts)
+                deltas = [b - a for a, b in torch_counts]
+                results["import torch"] = {
+                    "layouts": len(torch_counts),
+                    "untraced_mean": mean_off,
+                    "traced_mean": mean_on,
+                    "delta_mean": mean_on - mean_off,
+                    "ratio_mean": mean_on / mean_off,
+                    "deltas": deltas,
+                }
+                print(
+                    f"  {'import torch, mean of ' + str(len(torch_counts)) + ' layouts':<44} {mean_off:>14,.0f} "
+                    f"{mean_on:>14,.0f} {mean_on - mean_off:>+12,.0f} {mean_on / mean_off:>7.4f}x"
+                    f"   (deltas {min(deltas):+,} to {max(deltas):+,})"
+                )
             else:
                 print("  (torch is not installed: skipped)")
 

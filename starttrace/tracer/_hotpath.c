@@ -191,9 +191,66 @@ typedef struct {
     int ident_is_key;          /* ident_key is the key object `stacks` holds (found once per ident) */
     PyTypeObject *writer_type; /* the journal writer's class, once its `put` slot was found ... */
     Py_ssize_t put_offset;     /* ... and where that slot is in its instances (0: not found) */
+    /* The globals every span reads, borrowed from `rec` as they were when its version was
+       `rec_version` (rec_read: read since the last rebind): 4 dict lookups a span become one compare. */
+    int rec_read;
+    uint64_t rec_version;
+    PyObject *rec_writer, *rec_plain, *rec_ids, *rec_process_span;
+    /* the stack thread_stack found last, borrowed from `stacks` at version `stack_version` */
+    PyObject *stack;
+    unsigned long stack_ident;
+    uint64_t stack_version;
 } ImportHook;
 
 static PyObject *str_writer, *str_put, *str_span_ids, *str_refill, *str_plain_ident, *str_process_span, *str_file;
+
+/* A dict's version tag changes with every change of the dict (PEP 509). Python 3.12 and 3.13
+   deprecate reading it but still keep it so; 3.14 removed it: there every span looks up again. */
+#if PY_VERSION_HEX < 0x030E0000
+#define REC_BY_VERSION 1
+static inline uint64_t
+dict_version(PyObject *dict)
+{
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    return ((PyDictObject *)dict)->ma_version_tag;
+#pragma GCC diagnostic pop
+}
+#else
+#define REC_BY_VERSION 0
+#endif
+
+/* Refresh the hook's borrowed copies of the recorder globals a span reads (a missing one is NULL);
+   they stay valid while `rec` keeps the version they were read at. -1 with an exception set. */
+static int
+read_rec(ImportHook *self)
+{
+#if REC_BY_VERSION
+    uint64_t version = dict_version(self->rec);
+    if (self->rec_read && version == self->rec_version) {
+        return 0;
+    }
+#endif
+    PyObject *rec = self->rec;
+    self->rec_read = 0;
+    if ((self->rec_writer = PyDict_GetItemWithError(rec, str_writer)) == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    if ((self->rec_plain = PyDict_GetItemWithError(rec, str_plain_ident)) == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    if ((self->rec_ids = PyDict_GetItemWithError(rec, str_span_ids)) == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+    if ((self->rec_process_span = PyDict_GetItemWithError(rec, str_process_span)) == NULL && PyErr_Occurred()) {
+        return -1;
+    }
+#if REC_BY_VERSION
+    self->rec_version = version;
+    self->rec_read = 1;
+#endif
+    return 0;
+}
 
 typedef struct {
     const char *p;
@@ -382,9 +439,32 @@ call_original(ImportHook *self, PyObject *const *args)
     return PyObject_Vectorcall(self->original, args, 2, NULL);
 }
 
+static PyObject *thread_stack_lookup(ImportHook *self, unsigned long ident);
+
 /* The stack of open span ids of this thread (a new reference), made if missing. */
 static PyObject *
 thread_stack(ImportHook *self, unsigned long ident)
+{
+#if REC_BY_VERSION
+    if (self->stack != NULL && self->stack_ident == ident && dict_version(self->stacks) == self->stack_version) {
+        Py_INCREF(self->stack);
+        return self->stack;
+    }
+#endif
+    self->stack = NULL;
+    PyObject *found = thread_stack_lookup(self, ident);
+#if REC_BY_VERSION
+    if (found != NULL) {
+        self->stack = found; /* `stacks` holds it: valid while the dict keeps this version */
+        self->stack_ident = ident;
+        self->stack_version = dict_version(self->stacks);
+    }
+#endif
+    return found;
+}
+
+static PyObject *
+thread_stack_lookup(ImportHook *self, unsigned long ident)
 {
     if (self->ident_key == NULL || self->ident_value != ident) {
         PyObject *key = PyLong_FromUnsignedLong(ident);
@@ -428,7 +508,7 @@ thread_stack(ImportHook *self, unsigned long ident)
 static PyObject *
 next_span_id(ImportHook *self)
 {
-    PyObject *ids = PyDict_GetItemWithError(self->rec, str_span_ids);
+    PyObject *ids = self->rec_ids; /* read_rec ran, and no Python code since */
     if (ids != NULL && Py_TYPE(ids)->tp_iternext != NULL) {
         PyObject *span_id = Py_TYPE(ids)->tp_iternext(ids);
         if (span_id != NULL) {
@@ -519,11 +599,11 @@ ImportHook_vectorcall(ImportHook *self, PyObject *const *args, size_t nargsf, Py
         return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     }
     PyObject *name = args[0];
-    PyObject *writer = PyDict_GetItemWithError(self->rec, str_writer);
+    if (read_rec(self) < 0) {
+        return NULL;
+    }
+    PyObject *writer = self->rec_writer;
     if (writer == NULL) {
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
         return PyObject_Vectorcall(self->fallback, args, nargsf, NULL);
     }
     if (writer == Py_None) {
@@ -541,11 +621,8 @@ ImportHook_vectorcall(ImportHook *self, PyObject *const *args, size_t nargsf, Py
         return PyObject_Vectorcall(self->fallback, args, nargsf, NULL);
     }
     unsigned long ident = PyThread_get_thread_ident();
-    PyObject *plain = PyDict_GetItemWithError(self->rec, str_plain_ident);
+    PyObject *plain = self->rec_plain;
     if (plain == NULL || !PyLong_CheckExact(plain)) {
-        if (PyErr_Occurred()) {
-            return NULL;
-        }
         return PyObject_Vectorcall(self->fallback, args, nargsf, NULL);
     }
     int overflow = 0;
@@ -571,11 +648,13 @@ ImportHook_vectorcall(ImportHook *self, PyObject *const *args, size_t nargsf, Py
     if (depth > 0) {
         parent = PyList_GET_ITEM(stack, depth - 1);
     } else {
-        parent = PyDict_GetItemWithError(self->rec, str_process_span);
+        /* a refill of the span ids ran Python code: read again (a compare, most of the time) */
+        if (read_rec(self) < 0) {
+            goto error;
+        }
+        parent = self->rec_process_span;
         if (parent == NULL) {
-            if (!PyErr_Occurred()) {
-                PyErr_SetString(PyExc_RuntimeError, "starttrace.tracer.recorder.process_span_id is missing");
-            }
+            PyErr_SetString(PyExc_RuntimeError, "starttrace.tracer.recorder.process_span_id is missing");
             goto error;
         }
     }
@@ -768,6 +847,8 @@ ImportHook_rebind(ImportHook *self, PyObject *args)
     self->ident_is_key = 0;
     Py_CLEAR(self->writer_type); /* the recorder's writer is of another class: its slot found again */
     self->put_offset = 0;
+    self->rec_read = 0;
+    self->stack = NULL;
     Py_RETURN_NONE;
 }
 

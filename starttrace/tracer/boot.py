@@ -16,7 +16,7 @@ import os
 import sys
 from time import monotonic_ns, time_ns
 
-from starttrace.tracer import activation, journal, recorder
+from starttrace.tracer import activation, journal, lifecycle, recorder
 from starttrace.tracer.activation import (
     ENV_DISABLED,
     ENV_INTERNAL,
@@ -79,7 +79,7 @@ def _activate() -> None:
     global _atexit
     _atexit = activation.load_atexit()
     _load_hotpath(environ)
-    probes = activation.load_own(activation.PROBE_LOADER).load_all()
+    probes = _load_probes()
     activation.hide_footprint(before)
     _open_journal(parent_span, launch_pid, created, now)
     if state.is_root:  # said once the run can be recorded: a failure above is the root's one line
@@ -210,10 +210,64 @@ def _install_process_hooks() -> None:
         sys.exit = activation.make_sys_exit_wrapper(sys.exit)
 
 
-def _install_probes(probes: list[Any]) -> None:
-    from starttrace.tracer.probes import install_all
+# The probes the Python activation loads at its start (the import probe, and those the environment
+# or command line asks for: `EAGER_WHEN_ENV`, `EAGER_WHEN_ARGV`); the others load with their library.
+PROBES = ("starttrace.tracer.probes.imports",)
+# lazy probes named installed from activation on (`starttrace.probes.installed`), as when they
+# loaded at activation: their install() only hooks modules, which their lazy loader hooks alike
+HOOKED_AT_ACTIVATION = ("starttrace.tracer.probes.multiprocessing",)
+# Loaded only in a torchrun agent whose run its command line named (`lifecycle.state.job`, set in
+# roots only): every other process pays nothing for it.
+TORCHRUN_AGENT_PROBE = "starttrace.tracer.probes.torchelastic"
 
-    install_all(probes)
+
+def _load_probes() -> list[Any]:
+    """Import the probe modules loaded at activation (before the import hook exists, so they are
+    not recorded)."""
+    probes = activation.load_own(activation.PROBE_LOADER)
+    job = state.job
+    agent = job is not None and job.kind == "torchrun" and job.from_argv
+    names = list(PROBES)
+    environ = os.environ
+    for name, variables in activation.EAGER_WHEN_ENV.items():
+        if any((environ.get(variable) or "").strip() for variable in variables):
+            names.append(name)
+    if agent:
+        names.append(TORCHRUN_AGENT_PROBE)
+    joined = " ".join(getattr(sys, "orig_argv", None) or sys.argv)
+    for name, words in activation.EAGER_WHEN_ARGV.items():
+        if any(word in joined for word in words):
+            names.append(name)
+    modules = []
+    for name in names:
+        try:
+            module = activation.load_own(name) if name in PROBES else probes._import_unrecorded(name)
+        except ImportError:
+            continue  # a probe that is not part of this build
+        except Exception as exc:
+            recorder.report(f"probe {name} failed to load: {type(exc).__name__}: {exc}", key=name)
+        else:
+            modules.append(module)
+            lifecycle.loaded_probes[probes._short_name(name)] = module
+    return modules
+
+
+def _install_probes(modules: list[Any]) -> None:
+    """Install the probes loaded at activation; hook the others onto the modules they patch."""
+    probes = sys.modules[activation.PROBE_LOADER]
+    loaded = {module.__name__ for module in modules}
+    for module in modules:
+        probes._install(module)
+        if module.__name__ == PROBES[-1]:  # listed where they stood when they loaded at activation
+            for name in HOOKED_AT_ACTIVATION:
+                if name not in loaded:
+                    probes.installed(probes._short_name(name))
+    for name, targets in activation.LAZY_PROBES.items():
+        if name not in loaded:
+            load = probes._lazy_loader(name)
+            for target in targets:
+                recorder.when_imported(target, load)
+    recorder.set_process_attrs({"starttrace.probes.installed": list(probes._installed)})
 
 
 def make_fork_wrapper(real_fork: Any) -> Any:

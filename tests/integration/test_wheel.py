@@ -71,6 +71,7 @@ def test_wheel_installs_pth_and_traces_spawn_children(
             "journal.py",
             "probes/imports.py",
             "probes/multiprocessing.py",
+            "probes/forkserver.py",
         ):
             assert f"starttrace/tracer/{module}" in names
         assert not [n for n in names if n.startswith(("tests/", "benchmarks/"))]

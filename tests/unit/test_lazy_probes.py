@@ -106,11 +106,33 @@ def test_multiprocessing_probe_loads_with_subprocess_and_records_the_launch(tmp_
     assert launch.attrs["starttrace.child_pid"] == child.record["pid"]
 
 
+def test_the_forkserver_part_loads_only_with_the_forkserver_module(tmp_path: Path) -> None:
+    """`import multiprocessing` with its resource tracker (torch's) loads the multiprocessing probe,
+    which patches the tracker, without its forkserver part; `multiprocessing.forkserver` loads that
+    part, which patches it inside the import, and no span is of starttrace's own modules."""
+    check = 'getattr(sys.modules["multiprocessing.resource_tracker"].main, "__starttrace__", False)'
+    program = PROBED.format(imports="import multiprocessing.resource_tracker", check=check)
+    out, _run, _process = _traced(tmp_path / "a", program)
+    assert "starttrace.tracer.probes.multiprocessing" in out["loaded"] and out["patched"] is True
+    assert "starttrace.tracer.probes.forkserver" not in out["loaded"]
+    check = 'getattr(sys.modules["multiprocessing.forkserver"].ForkServer.ensure_running, "__starttrace__", False)'
+    out, run, process = _traced(tmp_path / "b", PROBED.format(imports="import multiprocessing.forkserver", check=check))
+    assert "starttrace.tracer.probes.forkserver" in out["loaded"] and out["patched"] is True
+    names = {s.name for s in spans_of(run, process)}
+    assert "import multiprocessing.forkserver" in names
+    assert not any(name.startswith("import starttrace") for name in names)
+
+
 def test_forkserver_preload_setting_loads_the_multiprocessing_probe_at_activation(tmp_path: Path) -> None:
-    """It says at activation what every forkserver will preload (docs/probes.md)."""
+    """It says at activation what every forkserver will preload (docs/probes.md): the probe's
+    forkserver part, which reads the setting, loads with it."""
     program = PROBED.format(imports="", check="None")
     out, _run, process = _traced(tmp_path, program, STARTTRACE_FORKSERVER_PRELOAD="json")
-    assert out["loaded"] == ["starttrace.tracer.probes.imports", "starttrace.tracer.probes.multiprocessing"]
+    assert out["loaded"] == [  # sorted
+        "starttrace.tracer.probes.forkserver",
+        "starttrace.tracer.probes.imports",
+        "starttrace.tracer.probes.multiprocessing",
+    ]
     assert process.resource["starttrace.probes.installed"] == ["imports", "multiprocessing"]
     assert process.resource["starttrace.forkserver_preload_extra"] == ["json"]
 

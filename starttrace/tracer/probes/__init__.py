@@ -6,10 +6,12 @@ they patch (`LAZY_PROBES`), and the vLLM probe also at activation when the comma
 (it reads the process role from argv). The multiprocessing probe patches nothing at activation
 either (its install() only hooks multiprocessing's and subprocess's modules), so it loads with the
 first of them too, unless STARTTRACE_FORKSERVER_PRELOAD asks it to speak at activation; it counts
-as installed from activation all the same (`HOOKED_AT_ACTIVATION`): its hooks are in place.
+as installed from activation all the same: its hooks are in place.
+
+This module is what every traced process loads once a probe is needed (the light activation's
+hand-over); what only the Python activation uses (the probes it loads at activation) is boot.py's.
 """
 
-import os
 import sys
 
 from starttrace.tracer import journal, lifecycle, recorder
@@ -27,47 +29,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-PROBES = ("starttrace.tracer.probes.imports",)
-# lazy probes named installed from activation on (`starttrace.probes.installed`), as when they
-# loaded at activation: their install() only hooks modules, which their lazy loader hooks alike
-HOOKED_AT_ACTIVATION = ("starttrace.tracer.probes.multiprocessing",)
-_installed: "list[str]" = []
+_installed: "list[str]" = []  # the probes installed, short names (`starttrace.probes.installed`)
 _lazy_done: "set[str]" = set()
-
-
-# Loaded only in a torchrun agent whose run its command line named (`lifecycle.state.job`, set in
-# roots only): every other process pays nothing for it.
-TORCHRUN_AGENT_PROBE = "starttrace.tracer.probes.torchelastic"
-
-
-def load_all() -> "list[Any]":
-    """Import the probe modules loaded at activation (before the import hook exists, so they are
-    not recorded)."""
-    job = lifecycle.state.job
-    agent = job is not None and job.kind == "torchrun" and job.from_argv
-    names = list(PROBES)
-    environ = os.environ
-    for name, variables in EAGER_WHEN_ENV.items():
-        if any((environ.get(variable) or "").strip() for variable in variables):
-            names.append(name)
-    if agent:
-        names.append(TORCHRUN_AGENT_PROBE)
-    joined = " ".join(getattr(sys, "orig_argv", None) or sys.argv)
-    for name, words in EAGER_WHEN_ARGV.items():
-        if any(word in joined for word in words):
-            names.append(name)
-    modules = []
-    for name in names:
-        try:
-            module = load_own(name) if name in PROBES else _import_unrecorded(name)
-        except ImportError:
-            continue  # a probe that is not part of this build
-        except Exception as exc:
-            recorder.report(f"probe {name} failed to load: {type(exc).__name__}: {exc}", key=name)
-        else:
-            modules.append(module)
-            lifecycle.loaded_probes[_short_name(name)] = module
-    return modules
 
 
 def take_over(
@@ -94,19 +57,10 @@ def take_over(
     return recorder, imports
 
 
-def install_all(modules: "list[Any]") -> None:
-    """Install the probes loaded at activation; hook the others onto the modules they patch."""
-    loaded = {module.__name__ for module in modules}
-    for module in modules:
-        _install(module)
-        if module.__name__ == PROBES[-1]:  # listed where they stood when they loaded at activation
-            _installed.extend(_short_name(name) for name in HOOKED_AT_ACTIVATION if name not in loaded)
-    for name, targets in LAZY_PROBES.items():
-        if name not in loaded:
-            load = _lazy_loader(name)
-            for target in targets:
-                recorder.when_imported(target, load)
-    recorder.set_process_attrs({"starttrace.probes.installed": list(_installed)})
+def installed(name: str) -> None:
+    """Name a probe installed (once), in `starttrace.probes.installed`'s order."""
+    if name not in _installed:
+        _installed.append(name)
 
 
 def _install(module: "Any") -> bool:
@@ -115,9 +69,7 @@ def _install(module: "Any") -> bool:
     except Exception as exc:
         recorder.report(f"probe {module.__name__} failed to install: {type(exc).__name__}: {exc}", key=module.__name__)
         return False
-    short = _short_name(module.__name__)
-    if short not in _installed:
-        _installed.append(short)
+    installed(_short_name(module.__name__))
     return True
 
 

@@ -6,7 +6,8 @@
   forkserver process `forkserver.preload` with one `preload <module>` span per module.
 - `process.bootstrap` in the child ends when the target starts (`BaseProcess.run`).
 - `process.wait` around `Popen.wait` / `communicate` while the child runs.
-The `os.fork` wrapper that records `process.fork` lives in boot.py (it covers every fork).
+The `os.fork` wrapper that records `process.fork` lives in boot.py (it covers every fork). The
+forkserver part is forkserver.py, loaded with `multiprocessing.forkserver`.
 
 Opt-in `STARTTRACE_FORKSERVER_PRELOAD=mod,mod`: every forkserver of the tree also preloads those
 modules (docs/probes.md). A child is role `child` with its Process name and target, or `helper`
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 ENV_PRELOAD = "STARTTRACE_FORKSERVER_PRELOAD"
 HELPER_TARGETS = ("concurrent.futures", "multiprocessing.", "torch._inductor", "torch.utils.data", "triton")
-_extra_preload: list[str] = []
+FORKSERVER_PART = "starttrace.tracer.probes.forkserver"
 
 
 # not `_wrap._mark`: this probe can load at activation (STARTTRACE_FORKSERVER_PRELOAD), `_wrap` does not
@@ -38,49 +39,24 @@ def _marked(wrapper: "Any", original: "Any") -> "Any":
 
 
 def install() -> None:
-    _read_extra_preload()
+    if os.environ.get(ENV_PRELOAD, "").strip():
+        _forkserver_part().read_extra_preload()
     recorder.when_imported("multiprocessing.process", _patch_process)
     recorder.when_imported("multiprocessing.forkserver", _patch_forkserver)
     recorder.when_imported("multiprocessing.resource_tracker", _patch_resource_tracker)
     recorder.when_imported("subprocess", _patch_subprocess)
 
 
-def _read_extra_preload() -> None:
-    """STARTTRACE_FORKSERVER_PRELOAD: dotted module names separated by commas."""
-    raw = os.environ.get(ENV_PRELOAD, "")
-    if not raw.strip():
-        return
-    names: list[str] = []
-    bad: list[str] = []
-    for part in raw.split(","):
-        name = part.strip()
-        if not name:
-            continue
-        if all(piece.isidentifier() for piece in name.split(".")):
-            if name not in names:
-                names.append(name)
-        else:
-            bad.append(name)
-    _extra_preload[:] = names
-    if not lifecycle.state.is_root:
-        return
-    if bad:
-        recorder.report(f"{ENV_PRELOAD}: ignoring {', '.join(map(repr, bad))}: not module names")
-    if names:
-        recorder.set_process_attrs({"starttrace.forkserver_preload_extra": list(names)})
-        message = f"starttrace: {ENV_PRELOAD}: every forkserver of this run also preloads {', '.join(names)}\n"
-        os.write(2, message.encode("utf-8", "replace"))
+def _forkserver_part() -> "Any":
+    """This probe's forkserver part (forkserver.py), loaded past the import probe with
+    `multiprocessing.forkserver`: most processes that import multiprocessing never start one."""
+    from starttrace.tracer.probes import import_unrecorded  # the probe loader: loaded before any probe
+
+    return import_unrecorded(FORKSERVER_PART)
 
 
-def _add_extra_preload(server: "Any") -> list[str]:
-    """Extend a ForkServer's preload list with the opt-in modules; returns those it added."""
-    if not _extra_preload:
-        return []
-    current = [str(m) for m in (getattr(server, "_preload_modules", None) or [])]
-    added = [m for m in _extra_preload if m not in current]
-    if added:
-        server._preload_modules = current + added
-    return added
+def _patch_forkserver(module: "Any") -> None:
+    _forkserver_part().patch_forkserver(module)
 
 
 def launch_variables(span_id: str, method: str) -> dict[str, str]:
@@ -217,124 +193,6 @@ def _enter_child(process: "Any") -> None:
         return original_run(*args, **kwargs)
 
     process.run = run
-
-
-def _patch_forkserver(module: "Any") -> None:
-    server_class = getattr(module, "ForkServer", None)
-    if server_class is not None and not getattr(server_class.ensure_running, "__starttrace__", False):
-        original_ensure = server_class.ensure_running
-
-        def ensure_running(self: "Any") -> None:
-            if not recorder.active() or getattr(self, "_forkserver_pid", None) is not None:
-                return original_ensure(self)
-            added = _add_extra_preload(self)
-            preload = [str(m) for m in (getattr(self, "_preload_modules", None) or [])]
-            attrs: dict[str, Any] = {"starttrace.phase": "forkserver", "starttrace.preload": preload}
-            if added:
-                attrs["starttrace.preload_added"] = added
-            lifecycle.flag_cuda_before_fork(attrs)
-            _record_launch(
-                "forkserver.start",
-                attrs,
-                lambda: original_ensure(self),
-                lambda: _child_pid(getattr(self, "_forkserver_pid", None)),
-            )
-
-        server_class.ensure_running = _marked(ensure_running, original_ensure)
-        _rebind_module_aliases(module, "_forkserver", ("ensure_running",))
-
-    original_main = getattr(module, "main", None)
-    if original_main is None or getattr(original_main, "__starttrace__", False):
-        return
-
-    def main(
-        listener_fd: int,
-        alive_r: int,
-        preload: "Any",
-        main_path: "Any" = None,
-        sys_path: "Any" = None,
-        *args: "Any",
-        **kwargs: "Any",
-    ) -> "Any":
-        if not recorder.active():
-            return original_main(listener_fd, alive_r, preload, main_path, sys_path, *args, **kwargs)
-        try:
-            lifecycle.set_role("forkserver")
-            lifecycle.end_bootstrap()
-            if preload:
-                # what multiprocessing's main does with a preload (its own is then skipped): 3.14's
-                # sets sys.argv (gh-143706) and sys.path (gh-117378) first, imports __main__ from
-                # main_path (passed since gh-126631) and the modules, then flushes stdout/stderr
-                sys_argv = kwargs.get("sys_argv")
-                if sys_argv is not None:
-                    sys.argv[:] = sys_argv
-                if sys_path is not None:
-                    sys.path[:] = sys_path
-                _preload(module, list(preload), main_path)
-                preload = None
-                if "_flush_std_streams" in original_main.__code__.co_names:  # 3.14 (gh-135335)
-                    module.util._flush_std_streams()
-            elif sys_path is not None:
-                sys.path[:] = sys_path
-        except Exception as exc:
-            recorder.report(f"forkserver probe failed: {type(exc).__name__}: {exc}", key="forkserver-main")
-        return original_main(listener_fd, alive_r, preload, main_path, sys_path, *args, **kwargs)
-
-    module.main = _marked(main, original_main)
-
-
-def _preload(forkserver: "Any", modules: list[str], main_path: "Any") -> None:
-    """The forkserver's preload, as multiprocessing does it, with a span per module."""
-    attrs: dict[str, Any] = {"starttrace.phase": "forkserver_preload", "starttrace.preload": modules}
-    added = [m for m in modules if m in _extra_preload]
-    if added:
-        attrs["starttrace.preload_added"] = added
-    outer = recorder.begin("forkserver.preload", attrs)
-    failed: list[str] = []
-    try:
-        main_imported = False
-        if "__main__" in modules and main_path is not None:
-            process = forkserver.process
-            process.current_process()._inheriting = True
-            try:
-                main_attrs = {
-                    "starttrace.phase": "forkserver_preload",
-                    "starttrace.import.module": "__main__",
-                    "code.file.path": str(main_path),
-                }
-                with recorder.span("preload __main__", main_attrs):
-                    forkserver.spawn.import_main_path(main_path)
-                main_imported = True
-            finally:
-                del process.current_process()._inheriting
-        for name in modules:
-            if name == "__main__" and main_imported:  # its span is the one above: one per module
-                __import__(name)
-                continue
-            span_id = recorder.begin(
-                f"preload {name}",
-                {
-                    "starttrace.phase": "forkserver_preload",
-                    "starttrace.import.module": name,
-                    "starttrace.preloaded": name in sys.modules,
-                },
-            )
-            try:
-                __import__(name)
-            except ImportError as exc:
-                failed.append(name)
-                recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
-                continue
-            except BaseException as exc:
-                recorder.end(span_id, error=f"{type(exc).__name__}: {exc}")
-                raise
-            recorder.end(span_id)
-    except BaseException as exc:
-        recorder.end(outer, {"starttrace.preload_failed": failed}, error=f"{type(exc).__name__}: {exc}")
-        raise
-    end_attrs: dict[str, Any] = {"starttrace.preload_failed": failed}
-    lifecycle.flag_cuda_before_fork(end_attrs)
-    recorder.end(outer, end_attrs)
 
 
 def _rebind_module_aliases(module: "Any", instance_name: str, methods: tuple[str, ...]) -> None:
