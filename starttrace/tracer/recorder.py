@@ -57,36 +57,35 @@ _LOW: "list[str]" = []
 _id_lock = allocate_lock()
 
 
-class _Ids:
-    """Two processes collide only if their ranges of blocks overlap: ~1e-12 for 10k blocks each
-    (2.5 M spans). A fork child draws a new block number (reseed) so it never repeats its parent's ids."""
-
-    block = 0
+# The next block of 256 span ids. Two processes collide only if their ranges of blocks overlap:
+# ~1e-12 for 10k blocks each (2.5 M spans). A fork child draws a new block number (reseed) so it
+# never repeats its parent's ids.
+_block = 0
 
 
 def reseed_span_ids() -> None:
-    global _id_lock, span_ids
+    global _id_lock, span_ids, _block
     _id_lock = allocate_lock()  # a fork child: the parent's lock may have been held at the fork
-    _Ids.block = int.from_bytes(os.urandom(7), "little") % ((1 << 56) - (1 << 32)) + 1
+    _block = int.from_bytes(os.urandom(7), "little") % ((1 << 56) - (1 << 32)) + 1
     span_ids = iter(())
 
 
 def refill_span_ids() -> str:
     """The ids of the current block are used up: the first id of the next block."""
-    global span_ids
+    global span_ids, _block
     with _id_lock:  # two threads can find the block used up at once: one makes the next
         span_id = next(span_ids, None)
         if span_id is not None:
             return span_id
         hotpath = journal.hotpath
         if hotpath is not None:
-            span_ids = iter(hotpath.span_id_block(_Ids.block))
+            span_ids = iter(hotpath.span_id_block(_block))
         else:
             if not _LOW:
                 _LOW.extend([a + b for a in _HEX for b in _HEX])
-            prefix = "%014x" % _Ids.block
+            prefix = "%014x" % _block
             span_ids = iter([prefix + low for low in _LOW])
-        _Ids.block += 1
+        _block += 1
         return next(span_ids)
 
 

@@ -217,11 +217,11 @@ def test_the_c_core_makes_the_recorders_span_ids(c_core: None) -> None:
     from starttrace.tracer import _hotpath, journal, recorder  # type: ignore[attr-defined]
 
     block = 0xABCDEF12345678
-    saved = recorder._Ids.block, recorder.span_ids, journal.hotpath
+    saved = recorder._block, recorder.span_ids, journal.hotpath
 
     def recorders_ids(hotpath: object) -> list[str]:
         journal.hotpath = hotpath
-        recorder._Ids.block = block
+        recorder._block = block
         recorder.span_ids = iter(())
         return [recorder.new_span_id() for _ in range(257)]
 
@@ -229,7 +229,7 @@ def test_the_c_core_makes_the_recorders_span_ids(c_core: None) -> None:
         python_ids = recorders_ids(None)
         c_ids = recorders_ids(_hotpath)  # a process with the C core: the recorder has it make them
     finally:
-        recorder._Ids.block, recorder.span_ids, journal.hotpath = saved
+        recorder._block, recorder.span_ids, journal.hotpath = saved
     assert python_ids[256] == c_ids[256] == f"{block + 1:014x}00"  # the next block
     python_ids, c_ids = python_ids[:256], c_ids[:256]
     assert _hotpath.span_id_block(block) == python_ids == c_ids

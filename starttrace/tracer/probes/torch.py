@@ -38,14 +38,9 @@ MAX_RECORDED_FAILURES = 3  # a CPU-only torch fails every lazy init: record the 
 _GENERIC_ROLES = (None, "", "main", "helper", "child")  # roles init_process_group turns into `worker`
 
 
-class _CudaState:
-    attempted = False  # a CUDA init was attempted in this process (success or not)
-    initialized = False
-    failures = 0
-    at_ns = 0
-
-
-cuda_state = _CudaState()
+# attempted: a CUDA init was attempted in this process (success or not). A SimpleNamespace (the
+# type of sys.implementation): a class of its own would cost ~58k instructions at every `import torch`.
+cuda_state = type(sys.implementation)(attempted=False, initialized=False, failures=0, at_ns=0)
 
 
 def install() -> None:
