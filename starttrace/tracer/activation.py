@@ -907,6 +907,7 @@ def _activate_light() -> bool:
                 _run_hook(load, sys.modules[target])
             else:
                 _post_import_hooks.setdefault(target, []).append(load)
+    untrack_own_modules(_hotpath)
     return True
 
 
@@ -1153,7 +1154,29 @@ def _load_cached(name: str) -> Any:
     module = sys.modules[name]
     setattr(sys.modules[parent], child, module)
     loaded_own.append(name)
+    if untrack is not None:
+        untrack(module)
     return module
+
+
+untrack: "Callable[[Any], None] | None" = None  # the C core's untrack_module, where the process uses it
+
+
+def untrack_own_modules(hotpath: Any) -> None:
+    """starttrace's own modules leave the garbage collector's lists (the C core's `untrack_module`):
+    those loaded so far now, the others as `load_own` loads them. They live as long as the process,
+    yet each collection of their generation, and those at exit, would walk them."""
+    global untrack
+    untrack = getattr(hotpath, "untrack_module", None)
+    if untrack is None:
+        return
+    import starttrace
+    from starttrace import tracer
+
+    for module in (starttrace, tracer, tracer.activation):
+        untrack(module)
+    for name in loaded_own:
+        untrack(sys.modules[name])
 
 
 def _adopt() -> "tuple[Any, ...]":

@@ -197,6 +197,7 @@ def _load_hotpath(environ: "Mapping[str, str]") -> None:
     except ImportError:
         return
     journal.hotpath = _hotpath
+    activation.untrack_own_modules(_hotpath)
 
 
 def _install_process_hooks() -> None:

@@ -334,3 +334,47 @@ def test_a_stale_bytecode_cache_loads_through_importlib(
         names = [s.name for s in spans_of(recorded, process)]
         assert "import subprocess" in names and "import json" in names  # the program's, before and after
         assert not [n for n in names if "starttrace" in n]  # importlib loaded starttrace's, unrecorded
+
+
+UNTRACKED = """
+import gc, json, sys
+import subprocess  # the hand-over, and the multiprocessing probe
+from starttrace.tracer import activation, recorder
+from starttrace.tracer.probes import multiprocessing as probe
+own = [m for n, m in sorted(sys.modules.items()) if n.startswith("starttrace") and n != "starttrace.tracer._hotpath"]
+state = {
+    "modules": sorted(m.__name__ for m in own if gc.is_tracked(m)),
+    "functions": sorted(f"{m.__name__}.{k}" for m in own for k, v in vars(m).items()
+                        if type(v).__name__ == "function" and v.__module__ == m.__name__ and v.__qualname__ == k
+                        and gc.is_tracked(v)),
+}
+# garbage the program makes is collected as ever: a cycle through one of starttrace's functions too
+import weakref
+class Node:
+    pass
+node = Node(); node.me = node; node.f = recorder.active
+alive = weakref.ref(node)
+del node
+gc.collect()
+state["collected"] = alive() is None
+subprocess.run([sys.executable, "-c", "pass"], check=True)  # the probe's wrappers, still working
+print(json.dumps(state))
+"""
+
+
+def test_starttraces_own_modules_leave_the_garbage_collectors_lists(
+    venv_python: str, clean_env: Callable[..., dict[str, str]], tmp_path: Path, c_core: None
+) -> None:
+    """With the C core, starttrace's modules, their dicts and functions are not tracked by the
+    garbage collector (it would walk them at each collection of their generation and at exit); the
+    program's garbage is collected as before, and the process ends with its journal complete. The
+    Python code (no C core) leaves them tracked."""
+    env = dict(clean_env(), PYTHONPATH=str(_compiled_tree(venv_python, tmp_path)))
+    (out,), run = _run(venv_python, env, tmp_path / "runs", "-c", UNTRACKED)
+    assert out == {"modules": [], "functions": [], "collected": True}
+    root = next(p for p in run.processes if p.record["method"] == "root")
+    (span,) = named(run, root, "process")
+    assert span.end_ns is not None and span.attrs.get("process.exit_code") in (None, 0)
+    assert len(run.processes) == 2  # the child the wrapped Popen started
+    (pure,), _ = _run(venv_python, env, tmp_path / "pure", "-c", UNTRACKED, pure=True)
+    assert pure["modules"] and pure["functions"] and pure["collected"]
