@@ -17,13 +17,14 @@ per-span cost of both.
    hands down, as Inductor's `cdll.LoadLibrary` checks inherit it).
 2. one import span: a program imports N one-line modules (fresh files, none cached in sys.modules);
    (traced - untraced - activation) / N is the cost of one import span (begin + end record).
-3. `python -c 'import torch'`: traced / untraced, over several starting layouts (--layouts):
+3. `python -c 'import torch'`: traced / untraced, over several starting layouts (--layouts N):
    where the garbage collector's allocation counters stand, and how the heap is laid out, when a
-   program starts moves its count by ~2 M either way (an extra gen-1 collection during `import
-   torch` is ~1.7 M), traced or not. Layout i first keeps i * 1543 empty lists alive, traced and
-   untraced alike (1543: each layout starts the gen-0 counter, threshold 700, 143 further on, and
-   the gen-1 counter a layout further), then imports torch; the figure is the mean over the
-   layouts, each layout's printed too.
+   program starts moves the traced program's extra count by up to ~3 M either way (an extra gen-1
+   collection during `import torch` is ~1.7 M). Layout i first keeps i * 7700 / N empty lists
+   alive, traced and untraced alike, then imports torch: the gen-0 counter (a collection every 700
+   net allocations) starts i/N of its cycle further on, and the gen-1 counter (one every 10 gen-0
+   collections, 7000 allocations) i/N of its own. The figure is the mean over the layouts; each
+   layout's is printed too.
 
 --before TREE: every traced case also runs with PYTHONPATH=TREE (another checkout of starttrace,
 with its C core built, e.g. the tree before a change), and the deltas are printed side by side
@@ -44,9 +45,9 @@ import tempfile
 from pathlib import Path
 
 COLLECTED = re.compile(rb"Collected\s*:\s*(\d+)")
-# `import torch` after keeping `lists` empty lists alive (layout 0: none, the plain program)
+# `import torch` after keeping `lists` empty lists alive (layout 0: none)
 TORCH_IN_LAYOUT = "_layout = [[] for _ in range({lists})]\nimport torch"
-LAYOUT_STEP = 1543
+GC_CYCLE = 7000 + 700  # allocations: the gen-1 cycle, plus one gen-0 cycle spread over the layouts
 
 IMPORT_LOOP = """
 import sys
@@ -192,8 +193,9 @@ def main() -> int:
         if not args.no_torch:
             if subprocess.run([python, "-c", "import torch"], env=off, capture_output=True).returncode == 0:
                 torch_counts = []
-                for layout in range(max(1, args.layouts)):
-                    code = TORCH_IN_LAYOUT.format(lists=layout * LAYOUT_STEP)
+                layouts = max(1, args.layouts)
+                for layout in range(layouts):
+                    code = TORCH_IN_LAYOUT.format(lists=layout * GC_CYCLE // layouts)
                     name = "import torch" if layout == 0 else f"import torch, layout {layout}"
                     # the Python code's column for the first layout only: a callgrind run of torch is ~2 min
                     counted = count([python, "-c", code], name, python_code=layout == 0)
@@ -232,6 +234,12 @@ def main() -> int:
                 loop_delta = before_deltas[f"import {args.imports} one-line modules"]
                 spans = [(loop_delta[i] - act[i]) / args.imports for i in (0, 1)]
                 print(f"  {'one import span':<44} {spans[0]:>14,.0f} {spans[1]:>14,.0f} {spans[1] / spans[0]:>7.3f}x")
+            torch_layouts = [pair for name, pair in before_deltas.items() if name.startswith("import torch")]
+            if torch_layouts:
+                earlier_mean = sum(b for b, _ in torch_layouts) / len(torch_layouts)
+                now_mean = sum(n for _, n in torch_layouts) / len(torch_layouts)
+                label = f"import torch, mean of {len(torch_layouts)} layouts"
+                print(f"  {label:<44} {earlier_mean:>+14,.0f} {now_mean:>+14,.0f} {now_mean / earlier_mean:>7.3f}x")
             results["before"] = {name: {"before": b, "now": n} for name, (b, n) in before_deltas.items()}
     finally:
         shutil.rmtree(work, ignore_errors=True)

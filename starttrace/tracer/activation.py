@@ -1170,11 +1170,9 @@ def untrack_own_modules(hotpath: Any) -> None:
     untrack = getattr(hotpath, "untrack_module", None)
     if untrack is None:
         return
-    import starttrace
-    from starttrace import tracer
+    from starttrace.tracer import activation  # (the packages above it hold a docstring each)
 
-    for module in (starttrace, tracer, tracer.activation):
-        untrack(module)
+    untrack(activation)
     for name in loaded_own:
         untrack(sys.modules[name])
 

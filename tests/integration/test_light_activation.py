@@ -341,7 +341,8 @@ import gc, json, sys
 import subprocess  # the hand-over, and the multiprocessing probe
 from starttrace.tracer import activation, recorder
 from starttrace.tracer.probes import multiprocessing as probe
-own = [m for n, m in sorted(sys.modules.items()) if n.startswith("starttrace") and n != "starttrace.tracer._hotpath"]
+own = [m for n, m in sorted(sys.modules.items())  # the packages hold a docstring each: left as they are
+       if n.startswith("starttrace.tracer.") and n != "starttrace.tracer._hotpath"]
 state = {
     "modules": sorted(m.__name__ for m in own if gc.is_tracked(m)),
     "functions": sorted(f"{m.__name__}.{k}" for m in own for k, v in vars(m).items()
