@@ -1009,7 +1009,7 @@ def _imports_probe() -> Any:
 
 def _lazy_probe(name: str) -> Any:
     def load(module: Any) -> None:
-        _adopt()[1]._lazy_loader(name)(module)
+        _adopt()[1].lazy_loader(name)(module)
 
     return load
 

@@ -242,33 +242,33 @@ def _load_probes() -> list[Any]:
     modules = []
     for name in names:
         try:
-            module = activation.load_own(name) if name in PROBES else probes._import_unrecorded(name)
+            module = activation.load_own(name) if name in PROBES else probes.import_probe(name)
         except ImportError:
             continue  # a probe that is not part of this build
         except Exception as exc:
             recorder.report(f"probe {name} failed to load: {type(exc).__name__}: {exc}", key=name)
         else:
             modules.append(module)
-            lifecycle.loaded_probes[probes._short_name(name)] = module
+            lifecycle.loaded_probes[probes.short_name(name)] = module
     return modules
 
 
 def _install_probes(modules: list[Any]) -> None:
     """Install the probes loaded at activation; hook the others onto the modules they patch."""
-    probes = sys.modules[activation.PROBE_LOADER]
+    probes = activation.load_own(activation.PROBE_LOADER)  # loaded by _load_probes: found at once
     loaded = {module.__name__ for module in modules}
     for module in modules:
-        probes._install(module)
+        probes.install_probe(module)
         if module.__name__ == PROBES[-1]:  # listed where they stood when they loaded at activation
             for name in HOOKED_AT_ACTIVATION:
                 if name not in loaded:
-                    probes.installed(probes._short_name(name))
+                    probes.installed(probes.short_name(name))
     for name, targets in activation.LAZY_PROBES.items():
         if name not in loaded:
-            load = probes._lazy_loader(name)
+            load = probes.lazy_loader(name)
             for target in targets:
                 recorder.when_imported(target, load)
-    recorder.set_process_attrs({"starttrace.probes.installed": list(probes._installed)})
+    recorder.set_process_attrs({"starttrace.probes.installed": probes.installed_names()})
 
 
 def make_fork_wrapper(real_fork: Any) -> Any:

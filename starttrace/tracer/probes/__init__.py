@@ -52,7 +52,7 @@ def take_over(
     writer = journal.JournalWriter.adopt(light["base"], light["number"], light["size"], segment.write)
     recorder.adopt(writer, process_span, main_ident, stacks, held, post_import_hooks, attrs)
     _installed[:] = INSTALLED_AT_ACTIVATION
-    lifecycle.loaded_probes[_short_name(imports.__name__)] = imports
+    lifecycle.loaded_probes[short_name(imports.__name__)] = imports
     imports.adopt(light["original"], light["hook"])
     return recorder, imports
 
@@ -63,33 +63,38 @@ def installed(name: str) -> None:
         _installed.append(name)
 
 
-def _install(module: "Any") -> bool:
+def installed_names() -> "list[str]":
+    """The probes installed so far, short names (`starttrace.probes.installed`)."""
+    return list(_installed)
+
+
+def install_probe(module: "Any") -> bool:
     try:
         module.install()
     except Exception as exc:
         recorder.report(f"probe {module.__name__} failed to install: {type(exc).__name__}: {exc}", key=module.__name__)
         return False
-    installed(_short_name(module.__name__))
+    installed(short_name(module.__name__))
     return True
 
 
-def _short_name(name: str) -> str:
+def short_name(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def _lazy_loader(name: str) -> "Any":
+def lazy_loader(name: str) -> "Any":
     def load(_target: "Any") -> None:
         if name in _lazy_done:
             return
         _lazy_done.add(name)
         try:
-            module = _import_unrecorded(name)
+            module = import_probe(name)
         except Exception as exc:
             recorder.report(f"probe {name} failed to load: {type(exc).__name__}: {exc}", key=name)
             return
-        lifecycle.loaded_probes[_short_name(name)] = module
-        if _install(module):  # its hooks on modules already imported (the target) run at once
-            recorder.set_process_attrs({"starttrace.probes.installed": list(_installed)})
+        lifecycle.loaded_probes[short_name(name)] = module
+        if install_probe(module):  # its hooks on modules already imported (the target) run at once
+            recorder.set_process_attrs({"starttrace.probes.installed": installed_names()})
 
     return load
 
@@ -108,7 +113,7 @@ def helpers_of(probe: str) -> "tuple[str, ...]":
     return PROBE_HELPERS.get(probe, (WRAP,))
 
 
-def _import_unrecorded(name: str) -> "Any":
+def import_probe(name: str) -> "Any":
     """Import probe `name` (and the helpers it imports) past the import probe: starttrace's own
     modules are not the program's imports, whose spans this runs inside."""
     for module in (*helpers_of(name), name):
